@@ -1,0 +1,50 @@
+"""Split a trial budget over tasks so that none is left untuned.
+
+Stock MetaSchedule's gradient scheduler gives its whole budget to the first task
+until that task's own cap is reached: 64 trials on a two-task BERT feed-forward
+block all go to the first matmul, and the second runs unscheduled, 240x slower than
+PyTorch. Here every task first gets a floor of trials, and the rest of the budget
+follows each task's share of the model's work (calls x FLOPs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from autotune.errors import UsageError
+from autotune.tasks import Task
+
+
+@dataclass(frozen=True)
+class BudgetPlan:
+    """Trials per task (by task name) and a warning when the budget is thin."""
+
+    trials: dict[str, int]
+    warning: str | None
+
+
+def split_budget(tasks: Sequence[Task], total: int, floor: int) -> BudgetPlan:
+    """Give each task ``floor`` trials (or an equal share when that does not fit), the rest by work share.
+
+    Raises:
+        UsageError: ``total`` is smaller than the number of tasks.
+    """
+    n = len(tasks)
+    if total < n:
+        raise UsageError(f"--trials {total} is fewer than the model's {n} tasks; every task needs at least one trial")
+    warning = None
+    if total < n * floor:
+        warning = (
+            f"budget of {total} trials is below {floor} per task for {n} tasks ({n * floor}); "
+            f"each task gets about {total // n}, expect a weakly tuned model"
+        )
+        floor = total // n
+    shares = [t.share for t in tasks]
+    spare = total - n * floor
+    exact = [spare * s / sum(shares) for s in shares]
+    extra = [int(x) for x in exact]
+    # Largest remainders take the trials lost to rounding down.
+    for i in sorted(range(n), key=lambda i: exact[i] - extra[i], reverse=True)[: spare - sum(extra)]:
+        extra[i] += 1
+    return BudgetPlan({t.name: floor + e for t, e in zip(tasks, extra)}, warning)

@@ -1,0 +1,160 @@
+"""The ``autotune`` command. Each command parses, calls one library function, and prints."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from autotune.errors import AutotuneError, UsageError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False, help="Tune PyTorch models with TVM MetaSchedule into verified artifacts.")
+err_console = Console(stderr=True)
+
+
+def _ints(text: str | None, flag: str) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(int(x) for x in text.replace("x", ",").split(",") if x.strip())
+    except ValueError:
+        raise UsageError(f"{flag} must be comma-separated integers like 1,3,224,224; got {text!r}") from None
+
+
+def _fail(err: Exception) -> None:
+    from results.errors import ArtifactError
+
+    code = 2 if isinstance(err, ArtifactError) else getattr(err, "exit_code", 1)
+    err_console.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+@app.command()
+def tune(
+    model: Annotated[str, typer.Argument(help="zoo:NAME, package.module:factory, or a torch.export file")],
+    out: Annotated[Optional[Path], typer.Option(help="run folder (default runs/<model>); re-running resumes")] = None,
+    target: Annotated[str, typer.Option(help="cpu (LLVM) or cuda")] = "cpu",
+    threads: Annotated[Optional[int], typer.Option(help="CPU threads (default: all cores available)")] = None,
+    trials: Annotated[Optional[int], typer.Option(help="total trial budget (default 32 per task)")] = None,
+    time_limit: Annotated[Optional[float], typer.Option(help="stop tuning after this many seconds")] = None,
+    batch_sizes: Annotated[Optional[str], typer.Option(help="batch sizes to compile, e.g. 1,8 (default B,4B)")] = None,
+    input_shape: Annotated[Optional[str], typer.Option(help="override the input shape, e.g. 1,3,224,224")] = None,
+    round_size: Annotated[int, typer.Option(help="candidates per task per round")] = 32,
+    engine: Annotated[str, typer.Option(help="measurement engine")] = "stock",
+    tolerance: Annotated[float, typer.Option(help="max relative error against PyTorch")] = 1e-3,
+    seed: Annotated[int, typer.Option(help="seed for weights, inputs and search")] = 0,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print only the artifact path")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary for CI")] = False,
+) -> None:
+    """Tune MODEL and write a verified, compiled, profiled artifact."""
+    from autotune.config import TuneConfig
+    from autotune.pipeline import tune_model
+    from autotune.progress import LiveProgress, SilentProgress
+
+    try:
+        config = TuneConfig(
+            model=model, out_dir=out or Path("runs") / re.sub(r"[^A-Za-z0-9_.-]+", "_", model),
+            target=target, threads=threads, trials=trials, time_limit_s=time_limit,
+            batch_sizes=_ints(batch_sizes, "--batch-sizes"), input_shape=_ints(input_shape, "--input-shape"),
+            round_size=round_size, engine=engine, tolerance=tolerance, seed=seed,
+        )
+        observer = SilentProgress() if quiet or as_json else LiveProgress()
+        outcome = tune_model(config, observer)
+    except AutotuneError as err:
+        _fail(err)
+        return
+    if as_json:
+        print(json.dumps(outcome.summary(), indent=2))
+    elif quiet:
+        print(outcome.artifact)
+    else:
+        s = outcome.summary()
+        eager = f", PyTorch eager {s['torch_eager_ms']:.3f} ms" if s["torch_eager_ms"] else ""
+        print(f"tuned latency {s['tuned_ms']:.3f} ms (batch {s['batch_size']}, {s['threads']} threads){eager}")
+        print(f"artifact written to {outcome.artifact}")
+
+
+@app.command()
+def run(
+    artifact: Annotated[Path, typer.Argument(help="artifact folder (or the run folder holding it)")],
+    input: Annotated[list[Path], typer.Option("--input", help=".npy file per model input, in order")],
+    output: Annotated[Optional[Path], typer.Option(help="save the first output here (.npy)")] = None,
+) -> None:
+    """Run a saved artifact on inputs from .npy files."""
+    from autotune.runner import run_artifact
+    from results.errors import ArtifactError
+
+    try:
+        outputs = run_artifact(artifact, input)
+    except (AutotuneError, ArtifactError) as err:
+        _fail(err)
+        return
+    import numpy as np
+
+    if output is not None:
+        np.save(output, outputs[0])
+    for i, o in enumerate(outputs):
+        print(f"output {i}: shape {list(o.shape)} dtype {o.dtype} mean {float(o.mean()):.6g} first {o.ravel()[:4].tolist()}")
+
+
+@app.command()
+def inspect(
+    artifact: Annotated[Path, typer.Argument(help="artifact folder (or the run folder holding it)")],
+    as_json: Annotated[bool, typer.Option("--json", help="print the manifest and profile as JSON")] = False,
+) -> None:
+    """Print an artifact's manifest and profile (after checking its hashes)."""
+    from results.artifact import open_artifact
+    from results.errors import ArtifactError
+
+    try:
+        art = open_artifact(artifact)
+    except ArtifactError as err:
+        _fail(err)
+        return
+    if as_json:
+        print(json.dumps({"manifest": art.manifest, "profile": art.profile}, indent=2))
+        return
+    _print_artifact(art.manifest, art.profile)
+
+
+def _print_artifact(manifest: dict, profile: dict) -> None:
+    console = Console()
+    m, t = manifest["model"], manifest["tuning"]
+    console.print(f"[bold]{m['spec']}[/]  target {manifest['target']['kind']} on {manifest['target']['device']}  "
+                  f"tvm {manifest['versions']['tvm']}  torch {manifest['versions']['torch']}")
+    console.print("inputs: " + ", ".join(f"{i['name']} {i['shape']} {i['dtype']}" for i in m["inputs"])
+                  + f"   batch sizes {m['batch_sizes']}")
+    lat = manifest["latency"]
+    eager = f"  PyTorch eager {lat['torch_eager_ms']:.3f} ms" if lat["torch_eager_ms"] else ""
+    console.print(f"tuned {lat['tuned_ms']:.3f} ms at batch {lat['batch_size']}, {lat['threads']} threads{eager}")
+    tasks = Table(title=f"tuning: {t['trials']} trials, {t['wall_s']:.0f} s, engine {t['engine']}")
+    for col in ("task", "weight", "MFLOP", "trials", "best (us)"):
+        tasks.add_column(col, justify="left" if col == "task" else "right")
+    for task in t["tasks"]:
+        best = "-" if task["best_us"] is None else f"{task['best_us']:.1f}"
+        tasks.add_row(task["name"], str(task["weight"]), f"{task['flops'] / 1e6:.2f}", str(task["trials"]), best)
+    console.print(tasks)
+    prof = Table(title="profile")
+    for col in ("threads", "batch", "p50 (ms)", "p99 (ms)", "items/s", "eager p50 (ms)"):
+        prof.add_column(col, justify="right")
+    for e in profile["entries"]:
+        eager_p50 = e["torch_eager_latency_ms"]["p50"] if e["torch_eager_latency_ms"] else None
+        prof.add_row(str(e["hardware"]["threads"]), str(e["batch_size"]), f"{e['latency_ms']['p50']:.3f}",
+                     f"{e['latency_ms']['p99']:.3f}", f"{e['throughput_per_s']:,.0f}",
+                     "-" if eager_p50 is None else f"{eager_p50:.3f}")
+    console.print(prof)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

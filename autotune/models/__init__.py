@@ -1,0 +1,1 @@
+"""Model sources: built-in architectures (``zoo``) and the loader for MODEL arguments."""

@@ -1,0 +1,188 @@
+"""``tune_model``: a model in, a verified and profiled artifact out.
+
+Every input is checked (model, target, shapes, output folder) before anything is
+written; the tuning database under ``OUT/tuning`` grows as candidates are measured
+and lets a re-run resume; the artifact appears at ``OUT/artifact`` only once
+compiled, verified and profiled.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import shutil
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Protocol
+
+from autotune.budget import split_budget
+from autotune.config import DEFAULT_TRIALS_PER_TASK, TuneConfig
+from autotune.session import MEASUREMENTS_LOG, SessionObserver, TaskState, TuningSession
+from results.artifact import DATABASE_DIR, PROFILE, ArtifactWriter, library_name
+from results.profile import Profile
+from results.report import plot_tuning_curve, read_measurements, write_summary
+
+
+class PipelineObserver(SessionObserver, Protocol):
+    def on_phase(self, phase: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class TuneOutcome:
+    """Where the artifact is and the figures a person or CI wants first."""
+
+    artifact: Path
+    manifest: dict[str, Any]
+    profile: Profile
+
+    def summary(self) -> dict[str, Any]:
+        """The one machine-readable summary ``--json`` prints."""
+        t = self.manifest["tuning"]
+        return {
+            "artifact": str(self.artifact),
+            "model": self.manifest["model"]["spec"],
+            "target": self.manifest["target"]["kind"],
+            "verified": True,
+            "tasks": len(t["tasks"]),
+            "trials": t["trials"],
+            "new_trials": t["new_trials"],
+            "wall_s": t["wall_s"],
+            "budget_warning": t["budget_warning"],
+            **self.manifest["latency"],
+            "max_relative_error": max(v["relative_error"] for v in self.manifest["verification"].values()),
+        }
+
+
+def tune_model(config: TuneConfig, observer: PipelineObserver) -> TuneOutcome:
+    """Run the whole job described by ``config``; raises ``AutotuneError`` subclasses on failure."""
+    from autotune.models.loader import export, load_model
+    from autotune.target import resolve_target
+
+    started = time.monotonic()
+    observer.on_phase("loading model")
+    model = load_model(config.model, seed=config.seed)
+    if config.input_shape:
+        model = model.with_shape(config.input_shape)
+    base = int(model.inputs[0].shape[0])
+    batch_sizes = sorted(set(config.batch_sizes or (base, 4 * base)))
+    target_spec = resolve_target(config.target, config.threads)
+    observer.on_phase("exporting")
+    variants = {b: model.with_batch(b) for b in batch_sizes}
+    programs = {b: export(v) for b, v in variants.items()}
+
+    from measure.tvm_import import import_meta_schedule
+
+    import_meta_schedule()
+    logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
+    from autotune.frontend import prepare_for_tuning, to_relax
+    from autotune.tasks import extract_tasks
+
+    target = target_spec.tvm_target()
+    relax_mods = {b: to_relax(p, config.model) for b, p in programs.items()}
+    observer.on_phase("extracting tasks")
+    tasks = extract_tasks([prepare_for_tuning(m, target) for m in relax_mods.values()], target)
+    plan = split_budget(tasks, config.trials or DEFAULT_TRIALS_PER_TASK * len(tasks), config.trial_floor)
+
+    from cost_models.latency_model import create_latency_model
+    from measure.engine import create as create_engine
+
+    tuning_dir = Path(config.out_dir) / "tuning"
+    observer.on_phase("starting measurement engine")
+    engine = create_engine(config.engine, target_spec.num_cores)
+    session = TuningSession(
+        states=[TaskState(t, plan.trials[t.name]) for t in tasks],
+        target=target,
+        device_type=target_spec.device_type,
+        engine=engine,
+        cost_model=create_latency_model(target_spec.num_cores, config.seed),
+        work_dir=str(tuning_dir),
+        round_size=config.round_size,
+        time_limit_s=config.time_limit_s,
+        num_threads=target_spec.num_cores,
+        seed=config.seed,
+        observer=observer,
+        warning=plan.warning,
+    )
+    try:
+        database = session.run()
+    finally:
+        engine.close()
+    tuning_wall_s = time.monotonic() - started
+
+    from autotune.compiler import compile_to_library, verify_library
+    from autotune.profiler import ProfileJob, profile_model
+
+    with ArtifactWriter(Path(config.out_dir) / "artifact") as writer:
+        libraries, verification = {}, {}
+        for b, mod in relax_mods.items():
+            observer.on_phase(f"compiling batch {b}")
+            lib_path = writer.path / library_name(b)
+            digest = compile_to_library(database, mod, target, lib_path)
+            observer.on_phase(f"verifying batch {b}")
+            check = verify_library(lib_path, digest, variants[b], target_spec.device(), config.tolerance)
+            libraries[b] = (str(lib_path), digest)
+            verification[str(b)] = {"max_abs_error": check.max_abs_error, "relative_error": check.relative_error,
+                                    "tolerance": check.tolerance}
+        observer.on_phase("profiling")
+        threads = sorted({1, target_spec.num_cores})
+        job = ProfileJob(config.model, list(config.input_shape) if config.input_shape else None, libraries,
+                         target_spec.device_name, config.profile_seconds)
+        profile = profile_model(job, threads, target_spec.kind)
+        profile.write(writer.path / PROFILE)
+        shutil.copytree(tuning_dir, writer.path / DATABASE_DIR,
+                        ignore=shutil.ignore_patterns("logs", MEASUREMENTS_LOG))
+        manifest = _manifest(config, model, variants[base], relax_mods[base], target_spec, session, verification,
+                             profile, base, tuning_wall_s)
+        measurements = read_measurements(tuning_dir / MEASUREMENTS_LOG)
+        plot_tuning_curve(measurements, {t.name: t.weight for t in tasks}, writer.path / "tuning_curve.png")
+        write_summary(writer.path / "report.md", manifest, profile)
+        observer.on_phase("writing artifact")
+        path = writer.commit(manifest)
+    return TuneOutcome(path, {"schema_version": 1, **manifest}, profile)
+
+
+def _manifest(config: TuneConfig, model: Any, primary: Any, relax_mod: Any, target_spec: Any, session: TuningSession,
+              verification: dict[str, Any], profile: Profile, base: int, wall_s: float) -> dict[str, Any]:
+    import torch
+    import tvm
+
+    with torch.inference_mode():
+        outputs = primary.module(*primary.inputs)
+    outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
+    names = [p.name for p in relax_mod["main"].params]
+    full = max((e for e in profile.entries if e.batch_size == base), key=lambda e: e.hardware["threads"])
+    eager = full.torch_eager_latency_ms
+    return {
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "model": {
+            "spec": config.model,
+            "inputs": [{"name": n, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+                       for n, t in zip(names, primary.inputs)],
+            "outputs": [{"shape": list(o.shape), "dtype": str(o.dtype).removeprefix("torch.")} for o in outputs],
+            "batch_sizes": sorted(int(b) for b in verification),
+        },
+        "target": target_spec.describe(),
+        "versions": {"tvm": tvm.__version__, "torch": torch.__version__, "python": platform.python_version()},
+        "libraries": {b: library_name(int(b)) for b in verification},
+        "verification": verification,
+        "tuning": {
+            "engine": config.engine,
+            "trials": sum(s.trials for s in session.states),
+            "new_trials": sum(s.trials - s.resumed for s in session.states),
+            "budget": sum(s.budget for s in session.states),
+            "budget_warning": session.warning,
+            "wall_s": round(wall_s, 2),
+            "tasks": [{"name": s.task.name, "weight": s.task.weight, "flops": s.task.flops, "trials": s.trials,
+                       "errors": s.errors, "best_us": None if s.best_s == float("inf") else s.best_s * 1e6,
+                       "wall_s": round(s.wall_s, 2)} for s in session.states],
+        },
+        "latency": {
+            "batch_size": base,
+            "threads": full.hardware["threads"],
+            "tuned_ms": full.latency_ms.p50,
+            "torch_eager_ms": eager.p50 if eager else None,
+            "speedup_vs_torch": eager.p50 / full.latency_ms.p50 if eager else None,
+        },
+    }

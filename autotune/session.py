@@ -1,0 +1,200 @@
+"""The tuning session: MetaSchedule's evolutionary search, our budget and our measurement engine.
+
+The session owns the tuning loop instead of MetaSchedule's task scheduler so that it
+can (1) give every task its own trial budget, (2) stop on a wall-clock limit,
+(3) resume from the database of an earlier run without re-measuring a candidate it
+already holds, and (4) hand a whole round, from all tasks, to the measurement engine
+at once. Records go to a ``JSONDatabase`` as they are measured, so a killed job loses
+nothing it finished.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from autotune.tasks import Task
+from measure.engine import Candidate, Measurement, MeasurementEngine
+
+MEASUREMENTS_LOG = "measurements.jsonl"
+
+
+@dataclass
+class TaskState:
+    """Progress of one task: its budget, trials measured so far (earlier runs included) and best."""
+
+    task: Task
+    budget: int
+    trials: int = 0
+    resumed: int = 0
+    errors: int = 0
+    best_s: float = math.inf
+    wall_s: float = 0.0
+    finished: bool = False
+
+    @property
+    def remaining(self) -> int:
+        return max(self.budget - self.trials, 0)
+
+
+class SessionObserver(Protocol):
+    """Receives progress; the CLI shows it, tests and benchmarks may record it."""
+
+    def on_tuning_start(self, states: Sequence[TaskState], warning: str | None) -> None: ...
+
+    def on_round_end(self, states: Sequence[TaskState], elapsed_s: float) -> None: ...
+
+
+@dataclass
+class TuningSession:
+    """Tunes ``states``' tasks into the JSON database under ``work_dir``."""
+
+    states: list[TaskState]
+    target: Any
+    device_type: str
+    engine: MeasurementEngine
+    cost_model: Any
+    work_dir: str
+    round_size: int = 32
+    time_limit_s: float | None = None
+    num_threads: int = 1
+    seed: int = 0
+    observer: SessionObserver | None = None
+    warning: str | None = None
+    _known: dict[str, dict[int, Measurement]] = field(default_factory=dict, init=False)
+
+    def run(self) -> Any:
+        """Tune until every task has used its budget, its search ends, or time runs out; return the database."""
+        from tvm.s_tir.meta_schedule.database import JSONDatabase
+
+        os.makedirs(self.work_dir, exist_ok=True)
+        database = JSONDatabase(work_dir=self.work_dir)
+        self._load_known(database)
+        if self.observer:
+            self.observer.on_tuning_start(self.states, self.warning)
+        contexts = {s.task.name: self._start_task(s, database) for s in self.states if s.remaining > 0}
+        started = time.monotonic()
+        with open(os.path.join(self.work_dir, MEASUREMENTS_LOG), "a", encoding="utf-8") as log:
+            while contexts and not self._out_of_time(started):
+                self._round(contexts, database, log, started)
+                if self.observer:
+                    self.observer.on_round_end(self.states, time.monotonic() - started)
+        for ctx in contexts.values():
+            ctx.post_tuning()
+        return database
+
+    def _out_of_time(self, started: float) -> bool:
+        return self.time_limit_s is not None and time.monotonic() - started >= self.time_limit_s
+
+    def _start_task(self, state: TaskState, database: Any) -> Any:
+        from tvm.s_tir.meta_schedule import TuneContext
+
+        ctx = TuneContext(
+            mod=state.task.mod,
+            target=self.target,
+            space_generator="post-order-apply",
+            search_strategy="evolutionary",
+            task_name=state.task.name,
+            rand_state=self.seed + self.states.index(state),
+            num_threads=self.num_threads,
+        )
+        ctx.pre_tuning(
+            max_trials=state.remaining,
+            num_trials_per_iter=min(self.round_size, state.remaining),
+            design_spaces=ctx.generate_design_space(),
+            database=database,
+            cost_model=self.cost_model,
+        )
+        return ctx
+
+    def _round(self, contexts: dict[str, Any], database: Any, log: Any, started: float) -> None:
+        """Ask every live task for candidates, measure the new ones in one engine call, report back."""
+        import tvm_ffi
+
+        proposals: list[tuple[TaskState, Any, list[Any], list[int]]] = []
+        fresh: list[Candidate] = []
+        for state in self.states:
+            ctx = contexts.get(state.task.name)
+            if ctx is None:
+                continue
+            t0 = time.monotonic()
+            candidates = ctx.generate_measure_candidates()
+            state.wall_s += time.monotonic() - t0
+            if not candidates:
+                state.finished = True
+                ctx.post_tuning()
+                del contexts[state.task.name]
+                continue
+            hashes = [tvm_ffi.structural_hash(c.sch.mod) for c in candidates]
+            known = self._known.setdefault(state.task.name, {})
+            for c, h in zip(candidates, hashes):
+                if h not in known:
+                    fresh.append(Candidate(c.sch.mod, c.args_info))
+            proposals.append((state, ctx, candidates, hashes))
+        t0 = time.monotonic()
+        measured = iter(self.engine.measure(self.target, self.device_type, fresh))
+        engine_s = time.monotonic() - t0
+        for state, ctx, candidates, hashes in proposals:
+            state.wall_s += engine_s * len(candidates) / max(len(fresh), 1)
+            results = self._collect(state, ctx, candidates, hashes, measured, database, log, started)
+            self.cost_model.update(ctx, candidates, results)
+            ctx.notify_runner_results(candidates, results)
+            if state.remaining == 0:
+                state.finished = True
+                ctx.post_tuning()
+                del contexts[state.task.name]
+
+    def _collect(self, state: TaskState, ctx: Any, candidates: list[Any], hashes: list[int],
+                 measured: Any, database: Any, log: Any, started: float) -> list[Any]:
+        """Runner results for ``candidates``: fresh ones are committed and logged, known ones reused."""
+        from tvm.s_tir.meta_schedule.database import TuningRecord
+        from tvm.s_tir.meta_schedule.runner import RunnerResult
+
+        known = self._known[state.task.name]
+        workload = database.commit_workload(state.task.mod)
+        results = []
+        for candidate, h in zip(candidates, hashes):
+            if h in known:
+                m = known[h]
+            else:
+                m = known[h] = next(measured)
+                secs = list(m.run_secs) if m.ok and m.run_secs else None
+                database.commit_tuning_record(
+                    TuningRecord(candidate.sch.trace, workload, secs, self.target, candidate.args_info)
+                )
+                state.trials += 1
+                state.errors += 0 if m.ok else 1
+                state.best_s = min(state.best_s, m.latency)
+                log.write(json.dumps({
+                    "task": state.task.name, "trial": state.trials, "latency_s": None if not m.ok else m.latency,
+                    "error": m.error, "elapsed_s": round(time.monotonic() - started, 3),
+                }) + "\n")
+            results.append(RunnerResult(list(m.run_secs), None) if m.ok and m.run_secs else RunnerResult(None, m.error))
+        log.flush()
+        return results
+
+    def _load_known(self, database: Any) -> None:
+        """Index the database's records by task and candidate hash, so a resumed run re-measures nothing."""
+        import tvm_ffi
+        from tvm.s_tir import Schedule
+
+        by_workload: dict[int, list[Any]] = {}
+        for record in database.get_all_tuning_records():
+            by_workload.setdefault(tvm_ffi.structural_hash(record.workload.mod), []).append(record)
+        for state in self.states:
+            known = self._known.setdefault(state.task.name, {})
+            for record in by_workload.get(tvm_ffi.structural_hash(state.task.mod), []):
+                if not tvm_ffi.structural_equal(record.workload.mod, state.task.mod):
+                    continue
+                sch = Schedule(record.workload.mod)
+                record.trace.apply_to_schedule(sch, remove_postproc=False)
+                secs = tuple(float(s) for s in record.run_secs) if record.run_secs else None
+                m = Measurement(run_secs=secs, error=None if secs else "failed in an earlier run")
+                known[tvm_ffi.structural_hash(sch.mod)] = m
+                state.best_s = min(state.best_s, m.latency)
+            state.trials = state.resumed = len(known)

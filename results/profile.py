@@ -1,0 +1,98 @@
+"""``profile.json``: what the serving planner reads about an artifact.
+
+Format (``schema_version`` 1)::
+
+    {
+      "schema_version": 1,
+      "model": "zoo:mlp",
+      "target": "llvm",
+      "entries": [
+        {
+          "hardware": {"kind": "cpu", "device": "znver3", "threads": 2, "cores": [0, 1], "cpu_limit": null},
+          "batch_size": 4,
+          "latency_ms": {"p50": 0.21, "p99": 0.35, "mean": 0.22, "min": 0.20},
+          "throughput_per_s": 18867.9,        # items (not batches) per second, batch_size / mean latency
+          "samples": 200,
+          "torch_eager_latency_ms": {"p50": 0.30, "p99": 0.41, "mean": 0.31, "min": 0.29}   # or null
+        }
+      ]
+    }
+
+One entry per (hardware configuration, batch size), measured one replica at a time.
+``hardware.cpu_limit`` is a container CPU quota in cores when the entry was measured
+in a container (null: whole cores, no quota).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from results.errors import ArtifactError
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class LatencyStats:
+    p50: float
+    p99: float
+    mean: float
+    min: float
+
+    @classmethod
+    def from_seconds(cls, samples: Sequence[float]) -> LatencyStats:
+        ms = np.asarray(samples, dtype=float) * 1e3
+        return cls(float(np.percentile(ms, 50)), float(np.percentile(ms, 99)), float(ms.mean()), float(ms.min()))
+
+
+@dataclass(frozen=True)
+class ProfileEntry:
+    hardware: dict[str, Any]
+    batch_size: int
+    latency_ms: LatencyStats
+    throughput_per_s: float
+    samples: int
+    torch_eager_latency_ms: LatencyStats | None = None
+
+
+@dataclass(frozen=True)
+class Profile:
+    model: str
+    target: str
+    entries: tuple[ProfileEntry, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema_version": SCHEMA_VERSION, **asdict(self), "entries": [asdict(e) for e in self.entries]}
+
+    def write(self, path: str | Path) -> None:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.to_json(), f, indent=2)
+
+
+def read_profile(path: str | Path) -> Profile:
+    """Read and check a ``profile.json``; raises ``ArtifactError`` naming what is wrong."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = json.load(f)
+        if raw.get("schema_version") != SCHEMA_VERSION:
+            raise ArtifactError(f"{path} has schema_version {raw.get('schema_version')!r}; expected {SCHEMA_VERSION}")
+        entries = tuple(
+            ProfileEntry(
+                hardware=e["hardware"],
+                batch_size=int(e["batch_size"]),
+                latency_ms=LatencyStats(**e["latency_ms"]),
+                throughput_per_s=float(e["throughput_per_s"]),
+                samples=int(e["samples"]),
+                torch_eager_latency_ms=LatencyStats(**e["torch_eager_latency_ms"]) if e.get("torch_eager_latency_ms") else None,
+            )
+            for e in raw["entries"]
+        )
+        return Profile(raw["model"], raw["target"], entries)
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+        raise ArtifactError(f"cannot read profile {path}: {type(err).__name__}: {err}") from None

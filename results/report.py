@@ -1,0 +1,83 @@
+"""The human side of an artifact: a tuning-curve plot and a short Markdown summary."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from results.profile import Profile
+
+
+def read_measurements(log_path: str | Path) -> list[dict[str, Any]]:
+    """The session's measurement log, one dict per measured candidate, in order."""
+    path = Path(log_path)
+    if not path.is_file():
+        return []
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def plot_tuning_curve(measurements: Sequence[dict[str, Any]], weights: dict[str, int], path: Path) -> None:
+    """Per-task best latency against trials, and the estimated model latency (sum of weight x best) against trials."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (per_task, model) = plt.subplots(1, 2, figsize=(11, 4))
+    best: dict[str, float] = {}
+    series: dict[str, tuple[list[int], list[float]]] = {}
+    total_x, total_y = [], []
+    for i, m in enumerate(measurements, 1):
+        if m.get("latency_s") is None:
+            continue
+        task = m["task"]
+        if m["latency_s"] < best.get(task, math.inf):
+            best[task] = m["latency_s"]
+            xs, ys = series.setdefault(task, ([], []))
+            xs.append(m["trial"])
+            ys.append(best[task] * 1e6)
+        if len(best) == len(weights):
+            total_x.append(i)
+            total_y.append(sum(weights[t] * b for t, b in best.items()) * 1e3)
+    for task, (xs, ys) in series.items():
+        per_task.step(xs, ys, where="post", label=task)
+    per_task.set(xlabel="trials of the task", ylabel="best latency (us)", yscale="log", title="Best candidate per task")
+    if len(series) <= 12:
+        per_task.legend(fontsize=6)
+    model.step(total_x, total_y, where="post", color="black")
+    model.set(xlabel="trials (all tasks)", ylabel="estimated model latency (ms)", title="Sum of weight x task best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_summary(path: Path, manifest: dict[str, Any], profile: Profile) -> None:
+    """A Markdown page: what was tuned, how well, and how fast the result runs."""
+    tuning = manifest["tuning"]
+    lines = [
+        f"# {manifest['model']['spec']} on {manifest['target']['device']}",
+        "",
+        f"Tuned with the `{tuning['engine']}` engine: {tuning['trials']} trials over {len(tuning['tasks'])} tasks "
+        f"in {tuning['wall_s']:.0f} s. Verified against PyTorch at every batch size.",
+        "",
+    ]
+    if tuning.get("budget_warning"):
+        lines += [f"> Warning: {tuning['budget_warning']}", ""]
+    lines += ["| task | weight | MFLOP | trials | best (us) |", "| --- | ---: | ---: | ---: | ---: |"]
+    for t in tuning["tasks"]:
+        best = "-" if t["best_us"] is None else f"{t['best_us']:.1f}"
+        lines.append(f"| {t['name']} | {t['weight']} | {t['flops'] / 1e6:.2f} | {t['trials']} | {best} |")
+    lines += ["", "| threads | batch | tuned p50 (ms) | tuned p99 (ms) | PyTorch eager p50 (ms) | items/s |",
+              "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for e in profile.entries:
+        eager = "-" if e.torch_eager_latency_ms is None else f"{e.torch_eager_latency_ms.p50:.3f}"
+        lines.append(
+            f"| {e.hardware['threads']} | {e.batch_size} | {e.latency_ms.p50:.3f} | {e.latency_ms.p99:.3f} | "
+            f"{eager} | {e.throughput_per_s:,.0f} |"
+        )
+    lines += ["", "![tuning curve](tuning_curve.png)", ""]
+    path.write_text("\n".join(lines), encoding="utf-8")
