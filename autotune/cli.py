@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import re
 import sys
+import warnings
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from autotune.errors import AutotuneError, UsageError
 
@@ -22,7 +24,7 @@ def _ints(text: str | None, flag: str) -> tuple[int, ...] | None:
     if text is None:
         return None
     try:
-        return tuple(int(x) for x in text.replace("x", ",").split(",") if x.strip())
+        return tuple(int(x) for x in text.split(","))
     except ValueError:
         raise UsageError(f"{flag} must be comma-separated integers like 1,3,224,224; got {text!r}") from None
 
@@ -31,7 +33,7 @@ def _fail(err: Exception) -> None:
     from results.errors import ArtifactError
 
     code = 2 if isinstance(err, ArtifactError) else getattr(err, "exit_code", 1)
-    err_console.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+    err_console.print(Text.assemble(("error:", "bold red"), f" {err}"), highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -153,6 +155,7 @@ def _print_artifact(manifest: dict, profile: dict) -> None:
 
 def main() -> None:
     """Console-script entry point."""
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)  # torch's own deprecation noise
     app()
 
 

@@ -66,7 +66,8 @@ def tune_model(config: TuneConfig, observer: PipelineObserver) -> TuneOutcome:
     if config.input_shape:
         model = model.with_shape(config.input_shape)
     base = int(model.inputs[0].shape[0])
-    batch_sizes = sorted(set(config.batch_sizes or (base, 4 * base)))
+    default_batches = (base,) if model.fixed_shapes else (base, 4 * base)
+    batch_sizes = sorted(set(config.batch_sizes or default_batches))
     target_spec = resolve_target(config.target, config.threads)
     observer.on_phase("exporting")
     variants = {b: model.with_batch(b) for b in batch_sizes}

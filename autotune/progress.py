@@ -59,6 +59,7 @@ class LiveProgress:
         if self._live is not None:
             self._live.stop()
             self._live = None
+            self.console.line()
 
     def _render(self, states: Sequence[TaskState], elapsed_s: float) -> Group:
         done = sum(s.trials for s in states)

@@ -43,8 +43,9 @@ def plot_tuning_curve(measurements: Sequence[dict[str, Any]], weights: dict[str,
         if len(best) == len(weights):
             total_x.append(i)
             total_y.append(sum(weights[t] * b for t, b in best.items()) * 1e3)
+    last_trial = {m["task"]: m["trial"] for m in measurements}
     for task, (xs, ys) in series.items():
-        per_task.step(xs, ys, where="post", label=task)
+        per_task.step([*xs, last_trial[task]], [*ys, ys[-1]], where="post", marker=".", label=task)
     per_task.set(xlabel="trials of the task", ylabel="best latency (us)", yscale="log", title="Best candidate per task")
     if len(series) <= 12:
         per_task.legend(fontsize=6)

@@ -27,16 +27,26 @@ class LoadedModel:
     spec: str
     module: nn.Module
     inputs: tuple[torch.Tensor, ...]
+    fixed_shapes: bool = False
 
     def with_batch(self, batch: int) -> LoadedModel:
         """The same model with every input's leading (batch) dimension set to ``batch``."""
-        return LoadedModel(self.spec, self.module, tuple(_resize(t, (batch, *t.shape[1:])) for t in self.inputs))
+        return self._reshaped(tuple((batch, *t.shape[1:]) for t in self.inputs))
 
     def with_shape(self, shape: Sequence[int]) -> LoadedModel:
         """The same model with its single input reshaped to ``shape``."""
         if len(self.inputs) != 1:
             raise UsageError(f"--input-shape needs a model with one input; {self.spec} takes {len(self.inputs)}")
-        return LoadedModel(self.spec, self.module, (_resize(self.inputs[0], tuple(shape)),))
+        return self._reshaped((tuple(shape),))
+
+    def _reshaped(self, shapes: tuple[tuple[int, ...], ...]) -> LoadedModel:
+        if shapes == tuple(tuple(t.shape) for t in self.inputs):
+            return self
+        if self.fixed_shapes:
+            have = [list(t.shape) for t in self.inputs]
+            raise UsageError(f"saved program {self.spec} is exported for input shapes {have} only; asked for "
+                             f"{[list(s) for s in shapes]} (re-export it with dynamic_shapes, or keep its shapes)")
+        return LoadedModel(self.spec, self.module, tuple(_resize(t, s) for t, s in zip(self.inputs, shapes)))
 
 
 def load_model(spec: str, seed: int = 0) -> LoadedModel:
@@ -98,7 +108,7 @@ def _load_saved_program(path: str) -> LoadedModel:
     args, kwargs = program.example_inputs or ((), {})
     if kwargs or not args:
         raise UsageError(f"saved program {path!r} carries no positional example inputs; re-save it with torch.export")
-    return LoadedModel(path, program.module(), tuple(args))
+    return LoadedModel(path, program.module(), tuple(args), fixed_shapes=True)
 
 
 def _resize(tensor: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:

@@ -1,0 +1,119 @@
+"""One arm of the tuning benchmark, run in its own process so each pays its own start-up.
+
+``python -m bench.arms ARM WORKLOAD TRIALS WORK_DIR`` prints one JSON line: wall time,
+valid trials, best logged latency and, for autotune, the best-so-far curve. The clock
+starts after TVM and torch are imported and the workload is built, and before the
+tensor intrinsics are imported (stock pays that inside its first ``TuneContext``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from typing import Any
+
+from bench.workloads import WORKLOADS, kernel, model_relax
+
+
+def _setup(workload: str) -> tuple[Any, Any]:
+    from autotune.target import resolve_target
+
+    spec = resolve_target("cpu")
+    mod = kernel(workload) if WORKLOADS[workload].kind == "kernel" else model_relax(workload)[0]
+    return spec, mod
+
+
+def stock(workload: str, trials: int, work_dir: str, fast_import: bool) -> dict[str, Any]:
+    """``tune_tir`` / ``tune_relax`` with their defaults; ``fast_import`` only fixes the slow intrinsics import."""
+    spec, mod = _setup(workload)
+    started = time.monotonic()
+    builder: Any = "local"
+    if fast_import:
+        from measure.tvm_import import import_meta_schedule
+
+        builder = import_meta_schedule().builder.LocalBuilder(initializer=import_meta_schedule)
+    from tvm.s_tir import meta_schedule as ms
+
+    target = spec.tvm_target()
+    if WORKLOADS[workload].kind == "kernel":
+        db = ms.tune_tir(mod=mod, target=target, work_dir=work_dir, max_trials_global=trials, builder=builder)
+    else:  # tune_relax extracts nothing from an unfused module: fuse first, as compile_relax does
+        from autotune.frontend import prepare_for_tuning
+
+        db = ms.relax_integration.tune_relax(prepare_for_tuning(mod, target), {}, target, work_dir,
+                                             max_trials_global=trials, builder=builder)
+    wall = time.monotonic() - started
+    secs = [_mean(r.run_secs) for r in db.get_all_tuning_records() if r.run_secs]
+    secs = [s for s in secs if s < 1e9]
+    return {"wall_s": wall, "valid_trials": len(secs), "best_logged_s": min(secs, default=None)}
+
+
+def autotune(workload: str, trials: int, work_dir: str) -> dict[str, Any]:
+    """Our session (budget split, stock engine) on the same workload and budget."""
+    spec, mod = _setup(workload)
+    started = time.monotonic()
+    from measure.tvm_import import import_meta_schedule
+
+    import_meta_schedule()
+    from autotune.budget import split_budget
+    from autotune.frontend import prepare_for_tuning
+    from autotune.session import MEASUREMENTS_LOG, TaskState, TuningSession
+    from autotune.tasks import Task, extract_tasks
+    from cost_models.latency_model import create_latency_model
+    from measure.engine import create
+    from results.report import read_measurements
+
+    target = spec.tvm_target()
+    if WORKLOADS[workload].kind == "kernel":
+        from tvm.s_tir.analysis import estimate_tir_flops
+
+        tasks = [Task(workload, mod, 1, float(estimate_tir_flops(mod)))]
+    else:
+        tasks = extract_tasks([prepare_for_tuning(mod, target)], target)
+    plan = split_budget(tasks, trials, floor=8)
+    engine = create("stock", spec.num_cores)
+    session = TuningSession([TaskState(t, plan.trials[t.name]) for t in tasks], target, spec.device_type, engine,
+                            create_latency_model(spec.num_cores), work_dir, num_threads=spec.num_cores)
+    setup_s = time.monotonic() - started
+    session.run()
+    engine.close()
+    wall = time.monotonic() - started
+    log = read_measurements(f"{work_dir}/{MEASUREMENTS_LOG}")
+    weights = {t.name: t.weight for t in tasks}
+    curve, best = _model_latency_curve(log, weights, setup_s)
+    valid = sum(1 for m in log if m["latency_s"] is not None)
+    return {"wall_s": wall, "valid_trials": valid, "best_logged_s": best if valid else None, "curve": curve}
+
+
+def _model_latency_curve(log: list[dict[str, Any]], weights: dict[str, int],
+                         offset_s: float) -> tuple[list[tuple[float, float]], float]:
+    """(seconds since start, sum of weight x task best) each time it improves, once every task has a best."""
+    best: dict[str, float] = {}
+    curve: list[tuple[float, float]] = []
+    total = math.inf
+    for m in log:
+        if m["latency_s"] is None:
+            continue
+        best[m["task"]] = min(best.get(m["task"], math.inf), m["latency_s"])
+        if len(best) == len(weights):
+            now = sum(weights[t] * b for t, b in best.items())
+            if now < total:
+                total = now
+                curve.append((offset_s + m["elapsed_s"], total))
+    return curve, total
+
+
+def _mean(secs: Any) -> float:
+    values = [float(s) for s in secs]
+    return sum(values) / len(values)
+
+
+if __name__ == "__main__":
+    arm, workload, trials, work_dir = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    if arm == "autotune":
+        out = autotune(workload, trials, work_dir)
+    else:
+        out = stock(workload, trials, work_dir, fast_import=arm == "stock_fast_import")
+    print(json.dumps(out))
