@@ -25,6 +25,9 @@ from results.profile import Profile
 from results.report import plot_tuning_curve, read_measurements, write_summary
 
 
+TUNING_DIR = "tuning"
+
+
 class PipelineObserver(SessionObserver, Protocol):
     def on_phase(self, phase: str) -> None: ...
 
@@ -55,22 +58,42 @@ class TuneOutcome:
         }
 
 
+@dataclass(frozen=True)
+class PreparedModel:
+    """A model checked, exported and split into tasks: everything tuning needs, nothing written yet."""
+
+    model: Any
+    base_batch: int
+    variants: dict[int, Any]
+    relax_mods: dict[int, Any]
+    target_spec: Any
+    target: Any
+    tasks: list[Any]
+    plan: Any
+
+
 def tune_model(config: TuneConfig, observer: PipelineObserver) -> TuneOutcome:
     """Run the whole job described by ``config``; raises ``AutotuneError`` subclasses on failure."""
+    started = time.monotonic()
+    prepared = prepare_model(config, observer)
+    session, database = _tune(config, prepared, observer)
+    return _write_artifact(config, prepared, session, database, time.monotonic() - started, observer)
+
+
+def prepare_model(config: TuneConfig, observer: PipelineObserver) -> PreparedModel:
+    """Load, export and import the model at each batch size, and extract and budget its tasks."""
     from autotune.models.loader import export, load_model
     from autotune.target import resolve_target
 
-    started = time.monotonic()
     observer.on_phase("loading model")
     model = load_model(config.model, seed=config.seed)
     if config.input_shape:
         model = model.with_shape(config.input_shape)
     base = int(model.inputs[0].shape[0])
     default_batches = (base,) if model.fixed_shapes else (base, 4 * base)
-    batch_sizes = sorted(set(config.batch_sizes or default_batches))
     target_spec = resolve_target(config.target, config.threads)
     observer.on_phase("exporting")
-    variants = {b: model.with_batch(b) for b in batch_sizes}
+    variants = {b: model.with_batch(b) for b in sorted(set(config.batch_sizes or default_batches))}
     programs = {b: export(v) for b, v in variants.items()}
 
     from measure.tvm_import import import_meta_schedule
@@ -85,69 +108,77 @@ def tune_model(config: TuneConfig, observer: PipelineObserver) -> TuneOutcome:
     observer.on_phase("extracting tasks")
     tasks = extract_tasks([prepare_for_tuning(m, target) for m in relax_mods.values()], target)
     plan = split_budget(tasks, config.trials or DEFAULT_TRIALS_PER_TASK * len(tasks), config.trial_floor)
+    return PreparedModel(model, base, variants, relax_mods, target_spec, target, tasks, plan)
 
+
+def _tune(config: TuneConfig, prepared: PreparedModel, observer: PipelineObserver) -> tuple[TuningSession, Any]:
     from cost_models.latency_model import create_latency_model
     from measure.engine import create as create_engine
 
-    tuning_dir = Path(config.out_dir) / "tuning"
+    spec = prepared.target_spec
     observer.on_phase("starting measurement engine")
-    engine = create_engine(config.engine, target_spec.num_cores)
+    engine = create_engine(config.engine, spec.num_cores)
     session = TuningSession(
-        states=[TaskState(t, plan.trials[t.name]) for t in tasks],
-        target=target,
-        device_type=target_spec.device_type,
+        states=[TaskState(t, prepared.plan.trials[t.name]) for t in prepared.tasks],
+        target=prepared.target,
+        device_type=spec.device_type,
         engine=engine,
-        cost_model=create_latency_model(target_spec.num_cores, config.seed),
-        work_dir=str(tuning_dir),
+        cost_model=create_latency_model(spec.num_cores, config.seed),
+        work_dir=str(Path(config.out_dir) / TUNING_DIR),
         round_size=config.round_size,
         time_limit_s=config.time_limit_s,
-        num_threads=target_spec.num_cores,
+        num_threads=spec.num_cores,
         seed=config.seed,
         observer=observer,
-        warning=plan.warning,
+        warning=prepared.plan.warning,
     )
     try:
-        database = session.run()
+        return session, session.run()
     finally:
         engine.close()
-    tuning_wall_s = time.monotonic() - started
 
+
+def _write_artifact(config: TuneConfig, prepared: PreparedModel, session: TuningSession, database: Any,
+                    wall_s: float, observer: PipelineObserver) -> TuneOutcome:
+    """Compile and verify every batch size, profile, and commit the artifact atomically."""
     from autotune.compiler import compile_to_library, verify_library
     from autotune.profiler import ProfileJob, profile_model
 
+    spec, tuning_dir = prepared.target_spec, Path(config.out_dir) / TUNING_DIR
     with ArtifactWriter(Path(config.out_dir) / "artifact") as writer:
         libraries, verification = {}, {}
-        for b, mod in relax_mods.items():
+        for b, mod in prepared.relax_mods.items():
             observer.on_phase(f"compiling batch {b}")
             lib_path = writer.path / library_name(b)
-            digest = compile_to_library(database, mod, target, lib_path)
+            digest = compile_to_library(database, mod, prepared.target, lib_path)
             observer.on_phase(f"verifying batch {b}")
-            check = verify_library(lib_path, digest, variants[b], target_spec.device(), config.tolerance)
+            check = verify_library(lib_path, digest, prepared.variants[b], spec.device(), config.tolerance)
             libraries[b] = (str(lib_path), digest)
             verification[str(b)] = {"max_abs_error": check.max_abs_error, "relative_error": check.relative_error,
                                     "tolerance": check.tolerance}
         observer.on_phase("profiling")
-        threads = sorted({1, target_spec.num_cores})
+        threads = sorted({1, spec.num_cores}) if spec.kind == "llvm" else [spec.num_cores]
         job = ProfileJob(config.model, list(config.input_shape) if config.input_shape else None, libraries,
-                         target_spec.device_name, config.profile_seconds)
-        profile = profile_model(job, threads, target_spec.kind)
+                         spec.kind, spec.device_name, config.profile_seconds)
+        profile = profile_model(job, threads)
         profile.write(writer.path / PROFILE)
-        shutil.copytree(tuning_dir, writer.path / DATABASE_DIR,
-                        ignore=shutil.ignore_patterns("logs", MEASUREMENTS_LOG))
-        manifest = _manifest(config, model, variants[base], relax_mods[base], target_spec, session, verification,
-                             profile, base, tuning_wall_s)
-        measurements = read_measurements(tuning_dir / MEASUREMENTS_LOG)
-        plot_tuning_curve(measurements, {t.name: t.weight for t in tasks}, writer.path / "tuning_curve.png")
+        shutil.copytree(tuning_dir, writer.path / DATABASE_DIR, ignore=shutil.ignore_patterns("logs", MEASUREMENTS_LOG))
+        manifest = _manifest(config, prepared, session, verification, profile, wall_s)
+        plot_tuning_curve(read_measurements(tuning_dir / MEASUREMENTS_LOG), {t.name: t.weight for t in prepared.tasks},
+                          writer.path / "tuning_curve.png")
         write_summary(writer.path / "report.md", manifest, profile)
         observer.on_phase("writing artifact")
         path = writer.commit(manifest)
     return TuneOutcome(path, {"schema_version": 1, **manifest}, profile)
 
 
-def _manifest(config: TuneConfig, model: Any, primary: Any, relax_mod: Any, target_spec: Any, session: TuningSession,
-              verification: dict[str, Any], profile: Profile, base: int, wall_s: float) -> dict[str, Any]:
+def _manifest(config: TuneConfig, prepared: PreparedModel, session: TuningSession, verification: dict[str, Any],
+              profile: Profile, wall_s: float) -> dict[str, Any]:
     import torch
     import tvm
+
+    base, target_spec = prepared.base_batch, prepared.target_spec
+    primary, relax_mod = prepared.variants[base], prepared.relax_mods[base]
 
     with torch.inference_mode():
         outputs = primary.module(*primary.inputs)

@@ -28,12 +28,17 @@ class ProfileJob:
     model_spec: str
     input_shape: list[int] | None
     libraries: dict[int, tuple[str, str]]
+    target_kind: str
     device_name: str
     seconds_per_config: float = 1.0
 
 
-def profile_model(job: ProfileJob, thread_counts: Sequence[int], target_kind: str) -> Profile:
-    """Measure every (thread count, batch size); one worker process per thread count."""
+def profile_model(job: ProfileJob, thread_counts: Sequence[int]) -> Profile:
+    """Measure every (thread count, batch size); one worker process per thread count.
+
+    PyTorch eager is measured beside the tuned model on CPU targets only: the torch
+    build this project pins is a CPU build, so on a GPU it would not compare like for like.
+    """
     entries: list[ProfileEntry] = []
     for threads in thread_counts:
         cores = sorted(os.sched_getaffinity(0))[:threads]
@@ -47,7 +52,7 @@ def profile_model(job: ProfileJob, thread_counts: Sequence[int], target_kind: st
             raise AutotuneError(f"profiling with {threads} thread(s) failed: {tail}")
         for raw in json.loads(proc.stdout.strip().splitlines()[-1]):
             entries.append(ProfileEntry(
-                hardware={"kind": "cpu" if target_kind == "llvm" else "cuda", "device": job.device_name,
+                hardware={"kind": "cpu" if job.target_kind == "llvm" else "cuda", "device": job.device_name,
                           "threads": threads, "cores": cores, "cpu_limit": None},
                 batch_size=raw["batch_size"],
                 latency_ms=LatencyStats.from_seconds(raw["tuned_s"]),
@@ -55,7 +60,7 @@ def profile_model(job: ProfileJob, thread_counts: Sequence[int], target_kind: st
                 samples=len(raw["tuned_s"]),
                 torch_eager_latency_ms=LatencyStats.from_seconds(raw["torch_s"]) if raw["torch_s"] else None,
             ))
-    return Profile(job.model_spec, target_kind, tuple(entries))
+    return Profile(job.model_spec, job.target_kind, tuple(entries))
 
 
 def _measure_in_this_process(job: ProfileJob, threads: int, cores: list[int]) -> list[dict[str, Any]]:
@@ -72,7 +77,8 @@ def _measure_in_this_process(job: ProfileJob, threads: int, cores: list[int]) ->
     model = load_model(job.model_spec)
     if job.input_shape:
         model = model.with_shape(job.input_shape)
-    dev = tvm.cpu(0) if "cuda" not in job.device_name.lower() else tvm.cuda(0)
+    on_gpu = job.target_kind == "cuda"
+    dev = tvm.cuda(0) if on_gpu else tvm.cpu(0)
     out = []
     for batch, (path, digest) in sorted(job.libraries.items(), key=lambda kv: int(kv[0])):
         variant = model.with_batch(int(batch))
@@ -83,7 +89,8 @@ def _measure_in_this_process(job: ProfileJob, threads: int, cores: list[int]) ->
         vm["main"](*args)
         repeats = _repeats(time.perf_counter() - start, job.seconds_per_config)
         tuned = list(vm.time_evaluator("main", dev, number=1, repeat=repeats)(*args).results)
-        out.append({"batch_size": int(batch), "tuned_s": tuned, "torch_s": _time_torch(variant, repeats)})
+        eager = [] if on_gpu else _time_torch(variant, repeats)
+        out.append({"batch_size": int(batch), "tuned_s": tuned, "torch_s": eager})
     return out
 
 

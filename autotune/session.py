@@ -137,7 +137,7 @@ class TuningSession:
                     fresh.append(Candidate(c.sch.mod, c.args_info))
             proposals.append((state, ctx, candidates, hashes))
         t0 = time.monotonic()
-        measured = iter(self.engine.measure(self.target, self.device_type, fresh))
+        measured = iter(self.engine.measure(self.target, self.device_type, fresh) if fresh else [])
         engine_s = time.monotonic() - t0
         for state, ctx, candidates, hashes in proposals:
             state.wall_s += engine_s * len(candidates) / max(len(fresh), 1)
