@@ -40,11 +40,14 @@ def split_budget(tasks: Sequence[Task], total: int, floor: int) -> BudgetPlan:
             f"each task gets about {total // n}, expect a weakly tuned model"
         )
         floor = total // n
-    shares = [t.share for t in tasks]
-    spare = total - n * floor
-    exact = [spare * s / sum(shares) for s in shares]
-    extra = [int(x) for x in exact]
-    # Largest remainders take the trials lost to rounding down.
-    for i in sorted(range(n), key=lambda i: exact[i] - extra[i], reverse=True)[: spare - sum(extra)]:
-        extra[i] += 1
+    extra = share_out(total - n * floor, [t.share for t in tasks])
     return BudgetPlan({t.name: floor + e for t, e in zip(tasks, extra)}, warning)
+
+
+def share_out(trials: int, shares: Sequence[float]) -> list[int]:
+    """Split ``trials`` in proportion to ``shares``; the largest remainders take what rounding down leaves."""
+    exact = [trials * s / sum(shares) for s in shares]
+    parts = [int(x) for x in exact]
+    for i in sorted(range(len(parts)), key=lambda i: exact[i] - parts[i], reverse=True)[: trials - sum(parts)]:
+        parts[i] += 1
+    return parts

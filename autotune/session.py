@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from autotune.budget import share_out
 from autotune.tasks import Task
 from measure.engine import Candidate, Measurement, MeasurementEngine
 
@@ -104,8 +105,10 @@ class TuningSession:
             num_threads=self.num_threads,
         )
         ctx.pre_tuning(
-            max_trials=state.remaining,
-            num_trials_per_iter=min(self.round_size, state.remaining),
+            # The session enforces each task's budget; the search's own cap only has to stay out of the way,
+            # so that trials handed over from tasks that finish early can be used.
+            max_trials=sum(s.budget for s in self.states),
+            num_trials_per_iter=self.round_size,
             design_spaces=ctx.generate_design_space(),
             database=database,
             cost_model=self.cost_model,
@@ -123,12 +126,10 @@ class TuningSession:
             if ctx is None:
                 continue
             t0 = time.monotonic()
-            candidates = ctx.generate_measure_candidates()
+            candidates = list(ctx.generate_measure_candidates() or [])[: state.remaining]
             state.wall_s += time.monotonic() - t0
             if not candidates:
-                state.finished = True
-                ctx.post_tuning()
-                del contexts[state.task.name]
+                self._finish(state, contexts)
                 continue
             hashes = [tvm_ffi.structural_hash(c.sch.mod) for c in candidates]
             known = self._known.setdefault(state.task.name, {})
@@ -145,9 +146,17 @@ class TuningSession:
             self.cost_model.update(ctx, candidates, results)
             ctx.notify_runner_results(candidates, results)
             if state.remaining == 0:
-                state.finished = True
-                ctx.post_tuning()
-                del contexts[state.task.name]
+                self._finish(state, contexts)
+
+    def _finish(self, state: TaskState, contexts: dict[str, Any]) -> None:
+        """End a task; trials its search could not use go to the tasks still searching, by work share."""
+        state.finished = True
+        contexts.pop(state.task.name).post_tuning()
+        leftover, state.budget = state.remaining, state.trials
+        live = [s for s in self.states if s.task.name in contexts]
+        if leftover and live:
+            for s, extra in zip(live, share_out(leftover, [s.task.share for s in live])):
+                s.budget += extra
 
     def _collect(self, state: TaskState, ctx: Any, candidates: list[Any], hashes: list[int],
                  measured: Any, database: Any, log: Any, started: float) -> list[Any]:

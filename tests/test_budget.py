@@ -47,3 +47,10 @@ def test_bert_feed_forward_second_task_is_not_starved():
     plan = split_budget(found, total=64, floor=8)
     assert sum(plan.trials.values()) == 64 and min(plan.trials.values()) >= 1
     assert all(plan.trials[name] >= 8 for name in matmuls)
+
+
+def test_share_out_hands_out_every_trial_by_share():
+    from autotune.budget import share_out
+
+    parts = share_out(10, [3.0, 1.0, 1.0])
+    assert sum(parts) == 10 and parts[0] >= 5 and min(parts) >= 1
