@@ -73,13 +73,13 @@ class TuningSession:
         """Tune until every task has used its budget, its search ends, or time runs out; return the database."""
         from tvm.s_tir.meta_schedule.database import JSONDatabase
 
+        started = time.monotonic()
         os.makedirs(self.work_dir, exist_ok=True)
         database = JSONDatabase(work_dir=self.work_dir)
         self._load_known(database)
         if self.observer:
             self.observer.on_tuning_start(self.states, self.warning)
         contexts = {s.task.name: self._start_task(s, database) for s in self.states if s.remaining > 0}
-        started = time.monotonic()
         with open(os.path.join(self.work_dir, MEASUREMENTS_LOG), "a", encoding="utf-8") as log:
             while contexts and not self._out_of_time(started):
                 self._round(contexts, database, log, started)
