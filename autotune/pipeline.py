@@ -62,7 +62,6 @@ class TuneOutcome:
 class PreparedModel:
     """A model checked, exported and split into tasks: everything tuning needs, nothing written yet."""
 
-    model: Any
     base_batch: int
     variants: dict[int, Any]
     relax_mods: dict[int, Any]
@@ -108,34 +107,43 @@ def prepare_model(config: TuneConfig, observer: PipelineObserver) -> PreparedMod
     observer.on_phase("extracting tasks")
     tasks = extract_tasks([prepare_for_tuning(m, target) for m in relax_mods.values()], target)
     plan = split_budget(tasks, config.trials or DEFAULT_TRIALS_PER_TASK * len(tasks), config.trial_floor)
-    return PreparedModel(model, base, variants, relax_mods, target_spec, target, tasks, plan)
+    return PreparedModel(base, variants, relax_mods, target_spec, target, tasks, plan)
 
 
 def _tune(config: TuneConfig, prepared: PreparedModel, observer: PipelineObserver) -> tuple[TuningSession, Any]:
+    return run_tuning(prepared.tasks, prepared.plan, prepared.target_spec, prepared.target,
+                      Path(config.out_dir) / TUNING_DIR, engine=config.engine, round_size=config.round_size,
+                      time_limit_s=config.time_limit_s, seed=config.seed, observer=observer)
+
+
+def run_tuning(tasks: list[Any], plan: Any, target_spec: Any, target: Any, work_dir: Path, *, engine: str = "stock",
+               round_size: int = 32, time_limit_s: float | None = None, seed: int = 0,
+               observer: PipelineObserver | None = None) -> tuple[TuningSession, Any]:
+    """Tune ``tasks`` under ``plan`` with a fresh engine and latency model; return the session and its database."""
     from cost_models.latency_model import create_latency_model
     from measure.engine import create as create_engine
 
-    spec = prepared.target_spec
-    observer.on_phase("starting measurement engine")
-    engine = create_engine(config.engine, spec.num_cores)
+    if observer:
+        observer.on_phase("starting measurement engine")
+    measurement = create_engine(engine, target_spec.num_cores)
     session = TuningSession(
-        states=[TaskState(t, prepared.plan.trials[t.name]) for t in prepared.tasks],
-        target=prepared.target,
-        device_type=spec.device_type,
-        engine=engine,
-        cost_model=create_latency_model(spec.num_cores, config.seed),
-        work_dir=str(Path(config.out_dir) / TUNING_DIR),
-        round_size=config.round_size,
-        time_limit_s=config.time_limit_s,
-        num_threads=spec.num_cores,
-        seed=config.seed,
+        states=[TaskState(t, plan.trials[t.name]) for t in tasks],
+        target=target,
+        device_type=target_spec.device_type,
+        engine=measurement,
+        cost_model=create_latency_model(target_spec.num_cores, seed),
+        work_dir=str(work_dir),
+        round_size=round_size,
+        time_limit_s=time_limit_s,
+        num_threads=target_spec.num_cores,
+        seed=seed,
         observer=observer,
-        warning=prepared.plan.warning,
+        warning=plan.warning,
     )
     try:
         return session, session.run()
     finally:
-        engine.close()
+        measurement.close()
 
 
 def _write_artifact(config: TuneConfig, prepared: PreparedModel, session: TuningSession, database: Any,

@@ -181,7 +181,7 @@ class TuningSession:
                 state.best_s = min(state.best_s, m.latency)
                 log.write(json.dumps({
                     "task": state.task.name, "trial": state.trials, "latency_s": None if not m.ok else m.latency,
-                    "error": m.error, "elapsed_s": round(time.monotonic() - started, 3),
+                    "error": m.error, "elapsed_s": round(time.monotonic() - started, 3), "at": round(time.time(), 3),
                 }) + "\n")
             results.append(RunnerResult(list(m.run_secs), None) if m.ok and m.run_secs else RunnerResult(None, m.error))
         log.flush()

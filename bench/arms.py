@@ -53,16 +53,15 @@ def stock(workload: str, trials: int, work_dir: str, fast_import: bool) -> dict[
 def autotune(workload: str, trials: int, work_dir: str) -> dict[str, Any]:
     """Our session (budget split, stock engine) on the same workload and budget."""
     spec, mod = _setup(workload)
-    started = time.monotonic()
+    started, started_at = time.monotonic(), time.time()
     from measure.tvm_import import import_meta_schedule
 
     import_meta_schedule()
     from autotune.budget import split_budget
     from autotune.frontend import prepare_for_tuning
-    from autotune.session import MEASUREMENTS_LOG, TaskState, TuningSession
+    from autotune.pipeline import run_tuning
+    from autotune.session import MEASUREMENTS_LOG
     from autotune.tasks import Task, extract_tasks
-    from cost_models.latency_model import create_latency_model
-    from measure.engine import create
     from results.report import read_measurements
 
     target = spec.tvm_target()
@@ -73,23 +72,18 @@ def autotune(workload: str, trials: int, work_dir: str) -> dict[str, Any]:
     else:
         tasks = extract_tasks([prepare_for_tuning(mod, target)], target)
     plan = split_budget(tasks, trials, floor=8)
-    engine = create("stock", spec.num_cores)
-    session = TuningSession([TaskState(t, plan.trials[t.name]) for t in tasks], target, spec.device_type, engine,
-                            create_latency_model(spec.num_cores), work_dir, num_threads=spec.num_cores)
-    setup_s = time.monotonic() - started
-    session.run()
-    engine.close()
+    run_tuning(tasks, plan, spec, target, work_dir)
     wall = time.monotonic() - started
     log = read_measurements(f"{work_dir}/{MEASUREMENTS_LOG}")
     weights = {t.name: t.weight for t in tasks}
-    curve, best = _model_latency_curve(log, weights, setup_s)
+    curve, best = _model_latency_curve(log, weights, started_at)
     valid = sum(1 for m in log if m["latency_s"] is not None)
     return {"wall_s": wall, "valid_trials": valid, "best_logged_s": best if valid else None, "curve": curve}
 
 
 def _model_latency_curve(log: list[dict[str, Any]], weights: dict[str, int],
-                         offset_s: float) -> tuple[list[tuple[float, float]], float]:
-    """(seconds since start, sum of weight x task best) each time it improves, once every task has a best."""
+                         started_at: float) -> tuple[list[tuple[float, float]], float]:
+    """(seconds since ``started_at``, sum of weight x task best) each time it improves, once every task has a best."""
     best: dict[str, float] = {}
     curve: list[tuple[float, float]] = []
     total = math.inf
@@ -101,7 +95,7 @@ def _model_latency_curve(log: list[dict[str, Any]], weights: dict[str, int],
             now = sum(weights[t] * b for t, b in best.items())
             if now < total:
                 total = now
-                curve.append((offset_s + m["elapsed_s"], total))
+                curve.append((m["at"] - started_at, total))
     return curve, total
 
 
