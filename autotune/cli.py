@@ -48,7 +48,11 @@ def tune(
     batch_sizes: Annotated[Optional[str], typer.Option(help="batch sizes to compile, e.g. 1,8 (default B,4B)")] = None,
     input_shape: Annotated[Optional[str], typer.Option(help="override the input shape, e.g. 1,3,224,224")] = None,
     round_size: Annotated[int, typer.Option(help="candidates per task per round")] = 32,
-    engine: Annotated[str, typer.Option(help="measurement engine")] = "stock",
+    engine: Annotated[str, typer.Option(help="measurement engine: parallel (warm builds, device slots, DoP "
+                                             "control) or stock (MetaSchedule's LocalBuilder and LocalRunner)")] = "parallel",
+    devices: Annotated[Optional[str], typer.Option(help="where to time candidates: cpu, cuda:N, rpc:HOST:PORT:KEY, "
+                                                        "comma-separated (default: every local device of the target)")] = None,
+    dop: Annotated[str, typer.Option(help="degree of parallelism: auto (controller) or a fixed level, 0 = alone")] = "auto",
     tolerance: Annotated[float, typer.Option(help="max relative error against PyTorch")] = 1e-3,
     seed: Annotated[int, typer.Option(help="seed for weights, inputs and search")] = 0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print only the artifact path")] = False,
@@ -64,7 +68,8 @@ def tune(
             model=model, out_dir=out or Path("runs") / re.sub(r"[^A-Za-z0-9_.-]+", "_", model),
             target=target, threads=threads, trials=trials, time_limit_s=time_limit,
             batch_sizes=_ints(batch_sizes, "--batch-sizes"), input_shape=_ints(input_shape, "--input-shape"),
-            round_size=round_size, engine=engine, tolerance=tolerance, seed=seed,
+            round_size=round_size, engine=engine, devices=tuple(devices.split(",")) if devices else None, dop=dop,
+            tolerance=tolerance, seed=seed,
         )
         observer = SilentProgress() if quiet or as_json else LiveProgress()
         outcome = tune_model(config, observer)
@@ -151,6 +156,46 @@ def _print_artifact(manifest: dict, profile: dict) -> None:
                      f"{e['latency_ms']['p99']:.3f}", f"{e['throughput_per_s']:,.0f}",
                      "-" if eager_p50 is None else f"{eager_p50:.3f}")
     console.print(prof)
+
+
+measure_app = typer.Typer(no_args_is_help=True, help="The measurement engine: calibration.")
+app.add_typer(measure_app, name="measure")
+
+
+@measure_app.command()
+def calibrate(
+    kernel: Annotated[str, typer.Option(help="reference kernel whose random schedules are timed")] = "matmul512",
+    candidates: Annotated[int, typer.Option(help="how many candidates to time at every level")] = 24,
+    levels: Annotated[Optional[str], typer.Option(help="levels to try, e.g. 0,1,2 (default 0..max)")] = None,
+    target: Annotated[str, typer.Option(help="cpu (LLVM) or cuda")] = "cpu",
+    threads: Annotated[Optional[int], typer.Option(help="threads per candidate = cores per CPU slot")] = None,
+    devices: Annotated[Optional[str], typer.Option(help="cpu, cuda:N, rpc:HOST:PORT:KEY, comma-separated")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="where to save the curve (default: the cache the engine reads)")] = None,
+    seed: Annotated[int, typer.Option(help="seed for the candidates")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+) -> None:
+    """Time the same candidates alone and at each level; print error and throughput per level and save the curve."""
+    from autotune.calibrate import run_calibration
+
+    try:
+        result, path = run_calibration(kernel, candidates, _ints(levels, "--levels"), target, threads,
+                                       tuple(devices.split(",")) if devices else None, out, seed)
+    except AutotuneError as err:
+        _fail(err)
+        return
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return
+    table = Table(title=f"calibration: {result['valid']} candidates of {kernel}, error bound {result['error_bound']:.0%}")
+    for col in ("level", "at once", "builds run", "median error", "p90 error", "candidates/s"):
+        table.add_column(col, justify="right")
+    for p in result["curve"]:
+        pct = lambda v: "-" if v is None else f"{v:.1%}"  # noqa: E731
+        mark = " *" if p["level"] == result["chosen_level"] else ""
+        table.add_row(f"{p['level']}{mark}", str(p["concurrency"]), "yes" if p["overlap_builds"] else "paused",
+                      pct(p["error"]), pct(p["p90_error"]), f"{p['candidates_per_s']:.2f}")
+    Console().print(table)
+    print(f"chosen level {result['chosen_level']} (*); saved to {path}")
 
 
 def main() -> None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.errors import UsageError
+from measure.engine import ENGINES
 
 DEFAULT_TRIALS_PER_TASK = 32
 DEFAULT_TRIAL_FLOOR = 8
@@ -29,7 +30,9 @@ class TuneConfig:
     round_size: int = 32
     batch_sizes: tuple[int, ...] | None = None
     input_shape: tuple[int, ...] | None = None
-    engine: str = "stock"
+    engine: str = "parallel"
+    devices: tuple[str, ...] | None = None
+    dop: str = "auto"
     tolerance: float = 1e-3
     seed: int = 0
     trial_floor: int = DEFAULT_TRIAL_FLOOR
@@ -46,6 +49,10 @@ class TuneConfig:
                 raise UsageError(f"--batch-sizes must be positive integers; got {list(self.batch_sizes)}")
         if self.input_shape is not None and any(d <= 0 for d in self.input_shape):
             raise UsageError(f"--input-shape must be positive integers; got {list(self.input_shape)}")
+        if self.engine not in ENGINES:
+            raise UsageError(f"--engine must be one of {', '.join(ENGINES)}; got {self.engine!r}")
+        if self.dop != "auto" and not (self.dop.isdigit() and int(self.dop) >= 0):
+            raise UsageError(f"--dop must be auto or a level 0, 1, 2, ... (0 = one at a time, alone); got {self.dop!r}")
         if not 0 < self.tolerance < 1:
             raise UsageError(f"--tolerance must be between 0 and 1; got {self.tolerance}")
         _check_writable(self.out_dir)

@@ -12,14 +12,16 @@ import logging
 import platform
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from autotune.budget import split_budget
 from autotune.config import DEFAULT_TRIALS_PER_TASK, TuneConfig
-from autotune.session import MEASUREMENTS_LOG, SessionObserver, TaskState, TuningSession
+from autotune.errors import UsageError
+from autotune.session import MEASUREMENTS_LOG, RANKED_DIR, SessionObserver, TaskState, TuningSession
 from results.artifact import DATABASE_DIR, PROFILE, ArtifactWriter, library_name
 from results.profile import Profile
 from results.report import plot_tuning_curve, read_measurements, write_summary
@@ -28,8 +30,7 @@ from results.report import plot_tuning_curve, read_measurements, write_summary
 TUNING_DIR = "tuning"
 
 
-class PipelineObserver(SessionObserver, Protocol):
-    def on_phase(self, phase: str) -> None: ...
+PipelineObserver = SessionObserver
 
 
 @dataclass(frozen=True)
@@ -84,13 +85,14 @@ def prepare_model(config: TuneConfig, observer: PipelineObserver) -> PreparedMod
     from autotune.models.loader import export, load_model
     from autotune.target import resolve_target
 
+    target_spec = resolve_target(config.target, config.threads)
+    _check_devices(config, target_spec)
     observer.on_phase("loading model")
     model = load_model(config.model, seed=config.seed)
     if config.input_shape:
         model = model.with_shape(config.input_shape)
     base = int(model.inputs[0].shape[0])
     default_batches = (base,) if model.fixed_shapes else (base, 4 * base)
-    target_spec = resolve_target(config.target, config.threads)
     observer.on_phase("exporting")
     variants = {b: model.with_batch(b) for b in sorted(set(config.batch_sizes or default_batches))}
     programs = {b: export(v) for b, v in variants.items()}
@@ -110,22 +112,35 @@ def prepare_model(config: TuneConfig, observer: PipelineObserver) -> PreparedMod
     return PreparedModel(base, variants, relax_mods, target_spec, target, tasks, plan)
 
 
+def _check_devices(config: TuneConfig, target_spec: Any) -> None:
+    """A requested device that is not there is a usage error before anything is loaded or written."""
+    from measure.slots import DeviceNotFound, discover
+
+    try:
+        discover(config.devices, target_spec.kind, target_spec.num_cores)
+    except DeviceNotFound as err:
+        raise UsageError(str(err)) from None
+
+
 def _tune(config: TuneConfig, prepared: PreparedModel, observer: PipelineObserver) -> tuple[TuningSession, Any]:
     return run_tuning(prepared.tasks, prepared.plan, prepared.target_spec, prepared.target,
-                      Path(config.out_dir) / TUNING_DIR, engine=config.engine, round_size=config.round_size,
-                      time_limit_s=config.time_limit_s, seed=config.seed, observer=observer)
+                      Path(config.out_dir) / TUNING_DIR, engine=config.engine, devices=config.devices, dop=config.dop,
+                      round_size=config.round_size, time_limit_s=config.time_limit_s, seed=config.seed,
+                      observer=observer)
 
 
-def run_tuning(tasks: list[Any], plan: Any, target_spec: Any, target: Any, work_dir: Path, *, engine: str = "stock",
+def run_tuning(tasks: list[Any], plan: Any, target_spec: Any, target: Any, work_dir: Path, *,
+               engine: Any = "parallel", devices: Sequence[str] | None = None, dop: str = "auto",
                round_size: int = 32, time_limit_s: float | None = None, seed: int = 0,
                observer: PipelineObserver | None = None) -> tuple[TuningSession, Any]:
-    """Tune ``tasks`` under ``plan`` with a fresh engine and latency model; return the session and its database."""
+    """Tune ``tasks`` under ``plan`` with a fresh engine and latency model; return the session and the ranked database."""
     from cost_models.latency_model import create_latency_model
-    from measure.engine import create as create_engine
+    from measure.factory import create as create_engine
 
     if observer:
         observer.on_phase("starting measurement engine")
-    measurement = create_engine(engine, target_spec.num_cores)
+    measurement = create_engine(engine, target_kind=target_spec.kind, threads=target_spec.num_cores,
+                                devices=devices, dop=dop, seed=seed)
     session = TuningSession(
         states=[TaskState(t, plan.trials[t.name]) for t in tasks],
         target=target,
@@ -170,7 +185,7 @@ def _write_artifact(config: TuneConfig, prepared: PreparedModel, session: Tuning
                          spec.kind, spec.device_name, config.profile_seconds)
         profile = profile_model(job, threads)
         profile.write(writer.path / PROFILE)
-        shutil.copytree(tuning_dir, writer.path / DATABASE_DIR, ignore=shutil.ignore_patterns("logs", MEASUREMENTS_LOG))
+        shutil.copytree(tuning_dir / RANKED_DIR, writer.path / DATABASE_DIR, ignore=shutil.ignore_patterns("logs"))
         manifest = _manifest(config, prepared, session, verification, profile, wall_s)
         plot_tuning_curve(read_measurements(tuning_dir / MEASUREMENTS_LOG), {t.name: t.weight for t in prepared.tasks},
                           writer.path / "tuning_curve.png")
@@ -209,6 +224,8 @@ def _manifest(config: TuneConfig, prepared: PreparedModel, session: TuningSessio
         "verification": verification,
         "tuning": {
             "engine": config.engine,
+            "measurement": session.engine_report,
+            "ranking": session.ranking,
             "trials": sum(s.trials for s in session.states),
             "new_trials": sum(s.trials - s.resumed for s in session.states),
             "budget": sum(s.budget for s in session.states),

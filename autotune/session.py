@@ -5,7 +5,9 @@ can (1) give every task its own trial budget, (2) stop on a wall-clock limit,
 (3) resume from the database of an earlier run without re-measuring a candidate it
 already holds, and (4) hand a whole round, from all tasks, to the measurement engine
 at once. Records go to a ``JSONDatabase`` as they are measured, so a killed job loses
-nothing it finished.
+nothing it finished. At the end, each task's top candidates are timed again in
+isolation and a ranked copy of the database (``ranked/``) carries those values: that
+is the database compilation and the artifact use.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from autotune.tasks import Task
 from measure.engine import Candidate, Measurement, MeasurementEngine
 
 MEASUREMENTS_LOG = "measurements.jsonl"
+RANKED_DIR = "ranked"
+RANKING = "ranking.json"
 
 
 @dataclass
@@ -50,6 +54,8 @@ class SessionObserver(Protocol):
 
     def on_round_end(self, states: Sequence[TaskState], elapsed_s: float) -> None: ...
 
+    def on_phase(self, phase: str) -> None: ...
+
 
 @dataclass
 class TuningSession:
@@ -62,15 +68,21 @@ class TuningSession:
     cost_model: Any
     work_dir: str
     round_size: int = 32
+    rerank_share: float = 0.05  # the top 5% of each task's candidates (at least 2, at most 10) are re-timed alone
     time_limit_s: float | None = None
     num_threads: int = 1
     seed: int = 0
     observer: SessionObserver | None = None
     warning: str | None = None
+    ranking: dict[str, Any] = field(default_factory=dict, init=False)
+    engine_report: dict[str, Any] = field(default_factory=dict, init=False)
     _known: dict[str, dict[int, Measurement]] = field(default_factory=dict, init=False)
 
     def run(self) -> Any:
-        """Tune until every task has used its budget, its search ends, or time runs out; return the database."""
+        """Tune until every task has used its budget, its search ends, or time runs out; then rank.
+
+        Returns the ranked database.
+        """
         from tvm.s_tir.meta_schedule.database import JSONDatabase
 
         started = time.monotonic()
@@ -87,7 +99,11 @@ class TuningSession:
                     self.observer.on_round_end(self.states, time.monotonic() - started)
         for ctx in contexts.values():
             ctx.post_tuning()
-        return database
+        if self.observer:
+            self.observer.on_phase("re-timing the best candidates in isolation")
+        ranked = self._rank(database)
+        self.engine_report = self.engine.report()
+        return ranked
 
     def _out_of_time(self, started: float) -> bool:
         return self.time_limit_s is not None and time.monotonic() - started >= self.time_limit_s
@@ -135,7 +151,7 @@ class TuningSession:
             known = self._known.setdefault(state.task.name, {})
             for c, h in zip(candidates, hashes):
                 if h not in known:
-                    fresh.append(Candidate(c.sch.mod, c.args_info))
+                    fresh.append(Candidate(c.sch.mod, c.args_info, state.task.name))
             proposals.append((state, ctx, candidates, hashes))
         t0 = time.monotonic()
         measured = iter(self.engine.measure(self.target, self.device_type, fresh) if fresh else [])
@@ -172,7 +188,7 @@ class TuningSession:
                 m = known[h]
             else:
                 m = known[h] = next(measured)
-                secs = list(m.run_secs) if m.ok and m.run_secs else None
+                secs = [m.latency] if m.ok else None
                 database.commit_tuning_record(
                     TuningRecord(candidate.sch.trace, workload, secs, self.target, candidate.args_info)
                 )
@@ -183,23 +199,32 @@ class TuningSession:
                     "task": state.task.name, "trial": state.trials, "latency_s": None if not m.ok else m.latency,
                     "error": m.error, "elapsed_s": round(time.monotonic() - started, 3), "at": round(time.time(), 3),
                 }) + "\n")
-            results.append(RunnerResult(list(m.run_secs), None) if m.ok and m.run_secs else RunnerResult(None, m.error))
+            results.append(RunnerResult([m.latency], None) if m.ok else RunnerResult(None, m.error))
         log.flush()
         return results
+
+    def _records_by_task(self, database: Any) -> dict[str, list[Any]]:
+        """The database's tuning records, grouped by the task whose workload they tune."""
+        import tvm_ffi
+
+        by_workload: dict[int, list[Any]] = {}
+        for record in database.get_all_tuning_records():
+            by_workload.setdefault(tvm_ffi.structural_hash(record.workload.mod), []).append(record)
+        return {
+            state.task.name: [r for r in by_workload.get(tvm_ffi.structural_hash(state.task.mod), [])
+                              if tvm_ffi.structural_equal(r.workload.mod, state.task.mod)]
+            for state in self.states
+        }
 
     def _load_known(self, database: Any) -> None:
         """Index the database's records by task and candidate hash, so a resumed run re-measures nothing."""
         import tvm_ffi
         from tvm.s_tir import Schedule
 
-        by_workload: dict[int, list[Any]] = {}
-        for record in database.get_all_tuning_records():
-            by_workload.setdefault(tvm_ffi.structural_hash(record.workload.mod), []).append(record)
-        for state in self.states:
-            known = self._known.setdefault(state.task.name, {})
-            for record in by_workload.get(tvm_ffi.structural_hash(state.task.mod), []):
-                if not tvm_ffi.structural_equal(record.workload.mod, state.task.mod):
-                    continue
+        for name, records in self._records_by_task(database).items():
+            state = next(s for s in self.states if s.task.name == name)
+            known = self._known.setdefault(name, {})
+            for record in records:
                 sch = Schedule(record.workload.mod)
                 record.trace.apply_to_schedule(sch, remove_postproc=False)
                 secs = tuple(float(s) for s in record.run_secs) if record.run_secs else None
@@ -207,3 +232,61 @@ class TuningSession:
                 known[tvm_ffi.structural_hash(sch.mod)] = m
                 state.best_s = min(state.best_s, m.latency)
             state.trials = state.resumed = len(known)
+
+    def _rank(self, database: Any) -> Any:
+        """Re-time each task's best candidates alone and write ``ranked/``: all records, re-timed values in place.
+
+        If a candidate that was not re-timed would still come first, the next ones are re-timed too.
+        """
+        import shutil
+
+        from tvm.s_tir import Schedule
+        from tvm.s_tir.meta_schedule.database import JSONDatabase, TuningRecord
+
+        final = os.path.join(self.work_dir, RANKED_DIR)
+        staging = final + ".partial"
+        shutil.rmtree(staging, ignore_errors=True)
+        os.makedirs(staging)
+        ranked = JSONDatabase(work_dir=staging)
+        by_task = self._records_by_task(database)
+        for state in self.states:
+            records = by_task[state.task.name]
+            value = {i: _mean(r.run_secs) for i, r in enumerate(records)}
+            parallel = dict(value)
+            retimed: set[int] = set()
+            k = min(10, max(2, math.ceil(self.rerank_share * len(records))))
+            for _ in range(3):
+                order = sorted((i for i in value if value[i] < math.inf), key=value.__getitem__)
+                todo = [i for i in order[:len(retimed) + k] if i not in retimed]
+                if not todo or (order and order[0] in retimed):
+                    break
+                batch = []
+                for i in todo:
+                    sch = Schedule(records[i].workload.mod)
+                    records[i].trace.apply_to_schedule(sch, remove_postproc=False)
+                    batch.append(Candidate(sch.mod, records[i].args_info, state.task.name))
+                for i, m in zip(todo, self.engine.measure_isolated(self.target, self.device_type, batch)):
+                    value[i] = m.latency
+                    retimed.add(i)
+            ranked_workload = ranked.commit_workload(state.task.mod)
+            for i, r in enumerate(records):
+                secs = [value[i]] if value[i] < math.inf else None
+                ranked.commit_tuning_record(TuningRecord(r.trace, ranked_workload, secs, self.target, r.args_info))
+            best = min(value, key=value.__getitem__, default=None)
+            before = min(parallel, key=parallel.__getitem__, default=None)
+            if best is not None and value[best] < math.inf:
+                state.best_s = value[best]
+            self.ranking[state.task.name] = {
+                "retimed": [{"tuning_s": parallel[i], "isolated_s": value[i]} for i in sorted(retimed, key=value.__getitem__)],
+                "winner_changed": best != before,
+            }
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(staging, final)
+        with open(os.path.join(self.work_dir, RANKING), "w", encoding="utf-8") as f:
+            json.dump(self.ranking, f, indent=2)
+        return JSONDatabase(work_dir=final)
+
+
+def _mean(secs: Any) -> float:
+    values = [float(s) for s in secs or []]
+    return sum(values) / len(values) if values else math.inf

@@ -1,9 +1,13 @@
 """One arm of the tuning benchmark, run in its own process so each pays its own start-up.
 
 ``python -m bench.arms ARM WORKLOAD TRIALS WORK_DIR`` prints one JSON line: wall time,
-valid trials, best logged latency and, for autotune, the best-so-far curve. The clock
-starts after TVM and torch are imported and the workload is built, and before the
-tensor intrinsics are imported (stock pays that inside its first ``TuneContext``).
+valid trials, best logged latency and the best-so-far curve. The clock starts after TVM
+and torch are imported and the workload is built, and before the tensor intrinsics are
+imported (stock pays that inside its first ``TuneContext``).
+
+Arms: ``stock`` (``tune_tir`` / ``tune_relax`` with their defaults), ``warm_stock`` (the
+same with a build pool that lives across rounds and imports quickly, so that only
+autotune's measurement remains different), ``autotune`` (our session and engine).
 """
 
 from __future__ import annotations
@@ -25,15 +29,13 @@ def _setup(workload: str) -> tuple[Any, Any]:
     return spec, mod
 
 
-def stock(workload: str, trials: int, work_dir: str, fast_import: bool) -> dict[str, Any]:
-    """``tune_tir`` / ``tune_relax`` with their defaults; ``fast_import`` only fixes the slow intrinsics import."""
+def stock(workload: str, trials: int, work_dir: str, warm: bool) -> dict[str, Any]:
+    """``tune_tir`` / ``tune_relax`` with their defaults; ``warm`` swaps in a persistent, fast-importing build pool."""
     spec, mod = _setup(workload)
     started = time.monotonic()
     builder: Any = "local"
-    if fast_import:
-        from measure.tvm_import import import_meta_schedule
-
-        builder = import_meta_schedule().builder.LocalBuilder(initializer=import_meta_schedule)
+    if warm:
+        builder = _warm_builder(spec.num_cores)
     from tvm.s_tir import meta_schedule as ms
 
     target = spec.tvm_target()
@@ -45,13 +47,43 @@ def stock(workload: str, trials: int, work_dir: str, fast_import: bool) -> dict[
         db = ms.relax_integration.tune_relax(prepare_for_tuning(mod, target), {}, target, work_dir,
                                              max_trials_global=trials, builder=builder)
     wall = time.monotonic() - started
-    secs = [_mean(r.run_secs) for r in db.get_all_tuning_records() if r.run_secs]
-    secs = [s for s in secs if s < 1e9]
+    records = db.get_all_tuning_records()
+    secs = [s for s in (_mean(r.run_secs) for r in records if r.run_secs) if s < 1e9]
     return {"wall_s": wall, "valid_trials": len(secs), "best_logged_s": min(secs, default=None)}
 
 
+def _warm_builder(workers: int) -> Any:
+    """LocalBuilder's own worker function on one process pool kept for the whole run."""
+    from measure.tvm_import import import_meta_schedule
+
+    ms = import_meta_schedule()
+    from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
+    from tvm.s_tir.meta_schedule.builder.local_builder import _worker_func
+    from tvm.s_tir.meta_schedule.utils import derived_object
+    from tvm.support.popen_pool import PopenPoolExecutor
+
+    @derived_object
+    class WarmBuilder(PyBuilder):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pool = PopenPoolExecutor(max_workers=workers, timeout=60, initializer=import_meta_schedule)
+
+        def build(self, build_inputs: list[Any]) -> list[Any]:
+            futures = [self.pool.submit(_worker_func, None, None, b.mod, b.target, None) for b in build_inputs]
+            results = []
+            for f in futures:
+                try:
+                    results.append(BuilderResult(f.result(), None))
+                except Exception as err:  # noqa: BLE001  (as LocalBuilder: a failed build is a result)
+                    results.append(BuilderResult(None, str(err)))
+            return results
+
+    del ms
+    return WarmBuilder()
+
+
 def autotune(workload: str, trials: int, work_dir: str) -> dict[str, Any]:
-    """Our session (budget split, stock engine) on the same workload and budget."""
+    """Our session (budget split, parallel engine, final ranking) on the same workload and budget."""
     spec, mod = _setup(workload)
     started, started_at = time.monotonic(), time.time()
     from measure.tvm_import import import_meta_schedule
@@ -72,13 +104,14 @@ def autotune(workload: str, trials: int, work_dir: str) -> dict[str, Any]:
     else:
         tasks = extract_tasks([prepare_for_tuning(mod, target)], target)
     plan = split_budget(tasks, trials, floor=8)
-    run_tuning(tasks, plan, spec, target, work_dir)
+    session, _ = run_tuning(tasks, plan, spec, target, work_dir)
     wall = time.monotonic() - started
     log = read_measurements(f"{work_dir}/{MEASUREMENTS_LOG}")
     weights = {t.name: t.weight for t in tasks}
     curve, best = _model_latency_curve(log, weights, started_at)
     valid = sum(1 for m in log if m["latency_s"] is not None)
-    return {"wall_s": wall, "valid_trials": valid, "best_logged_s": best if valid else None, "curve": curve}
+    return {"wall_s": wall, "valid_trials": valid, "best_logged_s": best if valid else None, "curve": curve,
+            "engine": session.engine_report}
 
 
 def _model_latency_curve(log: list[dict[str, Any]], weights: dict[str, int],
@@ -109,5 +142,5 @@ if __name__ == "__main__":
     if arm == "autotune":
         out = autotune(workload, trials, work_dir)
     else:
-        out = stock(workload, trials, work_dir, fast_import=arm == "stock_fast_import")
+        out = stock(workload, trials, work_dir, warm=arm == "warm_stock")
     print(json.dumps(out))

@@ -1,50 +1,68 @@
-"""Re-measure a tuning run's final best in isolation: ``python -m bench.remeasure WORKLOAD WORK_DIR``.
+"""Re-measure the arms' final bests side by side: ``python -m bench.remeasure WORKLOAD ARM=DB_DIR ...``.
 
-Kernels: the best record is rebuilt and timed alone (30 repeats of at least 100 ms,
-median). Models: the model is compiled with the run's database and timed (median).
+Kernels: each arm's best record is rebuilt; models: the model is compiled with each
+arm's database. Then the arms are timed in turns (10 turns, each 3 repeats of at
+least 100 ms), so that the host's slow drifts hit every arm alike; the median per
+arm is printed as JSON.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import numpy as np
 
 from bench.workloads import WORKLOADS, kernel, model_relax
 
+TURNS = 10
 
-def remeasure(workload: str, work_dir: str) -> float | None:
-    from autotune.target import resolve_target
-    from measure.tvm_import import import_meta_schedule
 
-    spec = resolve_target("cpu")
-    ms = import_meta_schedule()
+def _timer(workload: str, db_dir: str, target: Any, dev: Any) -> Any:
+    """A callable that returns one turn's timings, or None if the run left no valid record."""
     import tvm
+    from tvm.s_tir import meta_schedule as ms
 
-    target, dev = spec.tvm_target(), tvm.cpu(0)
-    db = ms.database.JSONDatabase(work_dir=work_dir)
+    db = ms.database.JSONDatabase(work_dir=db_dir)
     if WORKLOADS[workload].kind == "kernel":
         mod = kernel(workload)
-        if not db.has_workload(mod):
-            return None
-        top = db.get_top_k(db.commit_workload(mod), 1)
+        top = db.get_top_k(db.commit_workload(mod), 1) if db.has_workload(mod) else []
         if not top:
             return None
         sch = tvm.s_tir.Schedule(mod)
         top[0].trace.apply_to_schedule(sch, remove_postproc=False)
-        lib = tvm.compile(sch.mod, target=target)
+        lib = tvm.compile(sch.mod, target=target).jit()
         args = [tvm.runtime.tensor(np.random.rand(*[int(d) for d in a.shape]).astype(str(a.dtype)), dev)
                 for a in top[0].args_info]
-        timer = lib.jit().time_evaluator("main", dev, number=1, repeat=30, min_repeat_ms=100)
-        return float(np.median(timer(*args).results))
+        f = lib.time_evaluator("main", dev, number=1, repeat=3, min_repeat_ms=100)
+        return lambda: f(*args).results
     from tvm import relax
 
     relax_mod, model = model_relax(workload)
     vm = relax.VirtualMachine(ms.relax_integration.compile_relax(db, relax_mod, target, None), dev)
     args = [tvm.runtime.tensor(t.numpy(), dev) for t in model.inputs]
-    return float(np.median(vm.time_evaluator("main", dev, number=10, repeat=30)(*args).results))
+    f = vm.time_evaluator("main", dev, number=10, repeat=3, min_repeat_ms=100)
+    return lambda: f(*args).results
+
+
+def remeasure(workload: str, arms: dict[str, str]) -> dict[str, float | None]:
+    from autotune.target import resolve_target
+    from measure.tvm_import import import_meta_schedule
+
+    spec = resolve_target("cpu")
+    import_meta_schedule()
+    import tvm
+
+    target, dev = spec.tvm_target(), tvm.cpu(0)
+    timers = {arm: _timer(workload, path, target, dev) for arm, path in arms.items()}
+    samples: dict[str, list[float]] = {arm: [] for arm in arms}
+    for _ in range(TURNS):
+        for arm, timer in timers.items():
+            if timer is not None:
+                samples[arm] += list(timer())
+    return {arm: float(np.median(s)) if s else None for arm, s in samples.items()}
 
 
 if __name__ == "__main__":
-    print(json.dumps({"isolated_s": remeasure(sys.argv[1], sys.argv[2])}))
+    print(json.dumps(remeasure(sys.argv[1], dict(a.split("=", 1) for a in sys.argv[2:]))))

@@ -9,6 +9,7 @@ its own business; the session holds no policy about it.
 from __future__ import annotations
 
 import math
+import statistics
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,10 +18,15 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Candidate:
-    """A scheduled kernel to build and time: its IRModule and MetaSchedule's argument info."""
+    """A scheduled kernel to build and time: its IRModule, MetaSchedule's argument info, its task."""
 
     mod: Any
     args_info: Any
+    task: str = ""
+
+    def arg_shapes(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        """(dtype, shape) per argument: what a measurement worker needs to allocate inputs."""
+        return tuple((str(a.dtype), tuple(int(x) for x in a.shape)) for a in self.args_info)
 
 
 @dataclass(frozen=True)
@@ -29,6 +35,8 @@ class Measurement:
 
     run_secs: tuple[float, ...] | None = None
     error: str | None = None
+    slot: str = ""  # where it was timed
+    isolated: bool = False  # timed alone (or re-timed alone to verify a parallel value)
 
     @property
     def ok(self) -> bool:
@@ -36,8 +44,8 @@ class Measurement:
 
     @property
     def latency(self) -> float:
-        """Mean of the timings; infinity for a failed candidate."""
-        return sum(self.run_secs) / len(self.run_secs) if self.ok and self.run_secs else math.inf
+        """Median of the timings (one value for stock's runner); infinity for a failed candidate."""
+        return statistics.median(self.run_secs) if self.ok and self.run_secs else math.inf
 
 
 class MeasurementEngine(ABC):
@@ -49,16 +57,16 @@ class MeasurementEngine(ABC):
     def measure(self, target: Any, device_type: str, candidates: Sequence[Candidate]) -> list[Measurement]:
         """One ``Measurement`` per candidate, in order; never raises for a bad candidate."""
 
+    def measure_isolated(self, target: Any, device_type: str, candidates: Sequence[Candidate]) -> list[Measurement]:
+        """Like ``measure``, one candidate at a time with nothing else running: for the final ranking."""
+        return self.measure(target, device_type, candidates)
+
+    def report(self) -> dict[str, Any]:
+        """What the engine did, for the run's manifest."""
+        return {"engine": self.name}
+
     def close(self) -> None:
         """Release workers; the default engine holds none."""
 
 
-def create(kind: str | MeasurementEngine, num_cores: int) -> MeasurementEngine:
-    """An engine by CLI name ("stock"), or the instance itself."""
-    if isinstance(kind, MeasurementEngine):
-        return kind
-    if kind == "stock":
-        from measure.stock import StockEngine
-
-        return StockEngine(max_build_workers=num_cores)
-    raise ValueError(f"unknown measurement engine {kind!r}; expected one of: stock")
+ENGINES = ("parallel", "stock")

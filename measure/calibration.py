@@ -1,0 +1,99 @@
+"""Calibration: the error and throughput of parallel timing at each level, on this machine.
+
+The same candidates are timed once in isolation (the reference) and then at every
+level; the curve (level, median and p90 relative error, candidates per second) is
+saved per host, device and thread count, and an engine with ``--dop auto`` starts
+from the highest level whose error was within the bound instead of probing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from measure.engine import Candidate, Measurement
+from measure.slots import DeviceSlot
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("AUTOTUNE_CACHE_DIR", Path.home() / ".cache" / "autotune")) / "calibration"
+
+
+def calibration_path(slot: DeviceSlot, threads: int) -> Path:
+    device = slot.info.get("name", slot.kind) if slot.kind == "cuda" else slot.kind
+    key = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{platform.node()}-{device}-t{threads}")
+    return cache_dir() / f"{key}.json"
+
+
+def load_calibration(slot: DeviceSlot, threads: int) -> list[dict[str, Any]] | None:
+    path = calibration_path(slot, threads)
+    try:
+        return json.loads(path.read_text())["curve"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def sample_candidates(mod: Any, target: Any, count: int, seed: int, task: str = "calibration") -> list[Candidate]:
+    """``count`` distinct random schedules from the kernel's design space."""
+    from measure.tvm_import import import_meta_schedule
+
+    ms = import_meta_schedule()
+    ctx = ms.TuneContext(mod=mod, target=target, space_generator="post-order-apply",
+                         search_strategy="evolutionary", task_name=task, rand_state=seed, num_threads=1)
+    ctx.pre_tuning(max_trials=count, num_trials_per_iter=count, design_spaces=ctx.generate_design_space(),
+                   database=ms.database.MemoryDatabase(), cost_model=ms.cost_model.RandomModel())
+    candidates = list(ctx.generate_measure_candidates() or [])
+    ctx.post_tuning()
+    return [Candidate(c.sch.mod, c.args_info, task) for c in candidates[:count]]
+
+
+def relative_errors(parallel: Sequence[Measurement], reference: Sequence[Measurement]) -> list[float]:
+    return [abs(p.latency - r.latency) / r.latency for p, r in zip(parallel, reference) if p.ok and r.ok]
+
+
+def calibrate(engine: Any, target: Any, candidates: Sequence[Candidate], levels: Sequence[int],
+              error_bound: float = 0.05) -> dict[str, Any]:
+    """Time ``candidates`` in isolation, then at each level; return the curve and the level to start from."""
+    started = time.monotonic()
+    reference = engine.measure_isolated(target, engine.slots[0].device_type, candidates)
+    isolated_s = time.monotonic() - started
+    curve = []
+    for level in levels:
+        started = time.monotonic()
+        results = engine.measure_at(level, target, candidates)
+        wall = time.monotonic() - started
+        errors = relative_errors(results, reference)
+        curve.append({
+            "level": level,
+            "concurrency": max(1, level),
+            "overlap_builds": level > 0,
+            "error": statistics.median(errors) if errors else None,
+            "p90_error": statistics.quantiles(errors, n=10)[-1] if len(errors) >= 2 else None,
+            "candidates_per_s": sum(1 for r in results if r.ok) / wall,
+            "wall_s": wall,
+        })
+    good = [p["level"] for p in curve if p["error"] is not None and p["error"] <= error_bound]
+    return {
+        "candidates": len(candidates),
+        "valid": sum(1 for r in reference if r.ok),
+        "isolated_wall_s": isolated_s,
+        "error_bound": error_bound,
+        "chosen_level": max(good, default=0),
+        "curve": curve,
+    }
+
+
+def save_calibration(result: dict[str, Any], path: Path) -> Path:
+    """Write atomically: a half-written calibration must never be read as one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=2))
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,249 @@
+"""The parallel measurement engine (after DOPpler): warm builds, device slots, pipelined timing.
+
+One round: every candidate goes to the warm build workers at once; each is timed on a
+measurement lane as soon as its library exists, while the rest still build. The DoP
+controller says how many lanes time at once and whether builds may run meanwhile (at
+idle priority) or are paused for each measurement. After a parallel round, outliers,
+the fastest candidate and a sample are timed again in isolation; their isolated
+values replace the parallel ones, the round's bias is taken off the rest, and the
+error found sets the next round's level.
+
+Faults stay with their candidate: a build or a kernel that crashes, hangs or returns
+garbage kills only its worker, which is replaced on its next job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import queue
+import random
+import shutil
+import tempfile
+import threading
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from typing import Any
+
+from measure.build import build_candidate
+from measure.dop import DopController, Verification, pick_for_verification
+from measure.engine import Candidate, Measurement, MeasurementEngine
+from measure.slots import DeviceSlot
+from measure.timing import Timing, TimingPolicy, time_candidate
+from measure.workers import Worker, WorkerFault, WorkerGroup, WorkerSetup
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """Timeouts; the run timeout grows with the level, as contention slows everything down."""
+
+    build_timeout_s: float = 60.0
+    run_timeout_s: float = 20.0
+    gpu_lanes: int = 4  # concurrent measurement processes per GPU
+
+    def run_timeout(self, level: int) -> float:
+        return self.run_timeout_s * (1 + level / 4)
+
+
+class ParallelEngine(MeasurementEngine):
+    """Builds on warm idle-priority workers and times on every slot, at a level the controller picks."""
+
+    name = "parallel"
+
+    def __init__(self, slots: Sequence[DeviceSlot], build_workers: int, *, timing: TimingPolicy | None = None,
+                 controller: DopController | None = None, limits: EngineLimits | None = None,
+                 timer: Callable[..., Timing] = time_candidate, seed: int = 0) -> None:
+        if not slots:
+            raise ValueError("the parallel engine needs at least one device slot")
+        self.slots = list(slots)
+        self.timing = timing or TimingPolicy()
+        self.limits = limits or EngineLimits()
+        self.timer = timer
+        self._rng = random.Random(seed)
+        self._lanes = [
+            Worker(f"measure-{slot.name}-{i}", WorkerSetup(cores=slot.cores, env=_thread_env(slot.threads)))
+            for i in range(self.limits.gpu_lanes if any(s.kind == "cuda" for s in slots) else 1)
+            for slot in self.slots
+        ]
+        self.controller = controller or DopController(max_level=len(self._lanes))
+        self.controller.max_level = min(self.controller.max_level, len(self._lanes))
+        self._builders = WorkerGroup([
+            Worker(f"build-{i}", WorkerSetup(env=_thread_env(1), idle_priority=True, import_meta_schedule=True))
+            for i in range(max(1, build_workers))
+        ])
+        self._free_builders: queue.Queue[Worker] = queue.Queue()
+        for w in self._builders.workers:
+            self._free_builders.put(w)
+        self._build_pool = ThreadPoolExecutor(len(self._builders.workers), thread_name_prefix="build")
+        self._lane_pool = ThreadPoolExecutor(len(self._lanes), thread_name_prefix="measure")
+        self._dir = tempfile.mkdtemp(prefix="autotune-candidates-")
+        self._best: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self.counts: Counter[str] = Counter()
+        self._starting = self._builders.start() + WorkerGroup(self._lanes).start()
+
+    # -- the engine interface ---------------------------------------------------------------
+
+    def measure(self, target: Any, device_type: str, candidates: Sequence[Candidate]) -> list[Measurement]:
+        level = self.controller.level
+        results, paths, timeouts = self._round(target, candidates, level)
+        error = None
+        if level > 0:
+            error = self._verify(candidates, results, paths)
+        self._remove(paths)
+        self.controller.update(error, timeouts, len(paths))
+        return results
+
+    def measure_isolated(self, target: Any, device_type: str, candidates: Sequence[Candidate]) -> list[Measurement]:
+        built = self._build_all(target, candidates)
+        results: list[Measurement] = []
+        for c, (path, err) in zip(candidates, built):
+            results.append(Measurement(error=f"build: {err}") if path is None else
+                           self._time(self._lanes[0], c, path, self.timing.isolated(), isolated=True)[0])
+        self._remove({i: p for i, (p, _) in enumerate(built) if p})
+        return results
+
+    def measure_at(self, level: int, target: Any, candidates: Sequence[Candidate]) -> list[Measurement]:
+        """One round at a fixed level, without verification: what calibration compares."""
+        results, paths, _ = self._round(target, candidates, level)
+        self._remove(paths)
+        return results
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "engine": self.name,
+            "slots": [{"name": s.name, "kind": s.kind, "cores": list(s.cores), **s.info} for s in self.slots],
+            "lanes": len(self._lanes),
+            "build_workers": len(self._builders.workers),
+            "level": self.controller.level,
+            "dop_history": self.controller.history,
+            "counts": dict(self.counts),
+            "workers_replaced": sum(w.replaced for w in self._lanes + self._builders.workers),
+        }
+
+    def close(self) -> None:
+        self._build_pool.shutdown(wait=False, cancel_futures=True)
+        self._lane_pool.shutdown(wait=False, cancel_futures=True)
+        self._builders.close()
+        for lane in self._lanes:
+            lane.kill()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    @property
+    def lanes(self) -> list[Worker]:
+        return list(self._lanes)
+
+    @property
+    def builders(self) -> list[Worker]:
+        return list(self._builders.workers)
+
+    # -- a round --------------------------------------------------------------------------------
+
+    def _round(self, target: Any, candidates: Sequence[Candidate],
+               level: int) -> tuple[list[Measurement], dict[int, str], int]:
+        """Build everything at once; time each candidate as soon as it is built, ``max(level, 1)`` at a time."""
+        lanes: queue.Queue[Worker] = queue.Queue()
+        for lane in self._lanes[:max(1, level)]:
+            lanes.put(lane)
+        results: list[Measurement | None] = [None] * len(candidates)
+        paths: dict[int, str] = {}
+        builds = {self._build_pool.submit(self._build, target, c): i for i, c in enumerate(candidates)}
+        runs: dict[Future, int] = {}
+        for done in as_completed(builds):
+            i = builds[done]
+            path, err = done.result()
+            if path is None:
+                results[i] = Measurement(error=f"build: {err}")
+                continue
+            paths[i] = path
+            runs[self._lane_pool.submit(self._on_free_lane, lanes, candidates[i], path, level)] = i
+        timeouts = 0
+        for done in as_completed(runs):
+            measurement, timed_out = done.result()
+            results[runs[done]] = measurement
+            timeouts += timed_out
+        assert all(r is not None for r in results)
+        return results, paths, timeouts  # type: ignore[return-value]
+
+    def _build(self, target: Any, candidate: Candidate) -> tuple[str | None, str | None]:
+        builder = self._free_builders.get()
+        try:
+            path = builder.call(build_candidate, (candidate.mod, target, self._dir), self.limits.build_timeout_s)
+            self.counts["built"] += 1
+            return path, None
+        except WorkerFault as fault:
+            self.counts[f"build_{fault.kind}"] += 1
+            return None, str(fault)
+        finally:
+            self._free_builders.put(builder)
+
+    def _build_all(self, target: Any, candidates: Sequence[Candidate]) -> list[tuple[str | None, str | None]]:
+        return list(self._build_pool.map(lambda c: self._build(target, c), candidates))
+
+    def _on_free_lane(self, lanes: queue.Queue[Worker], candidate: Candidate, path: str,
+                      level: int) -> tuple[Measurement, bool]:
+        lane = lanes.get()
+        try:
+            return self._time(lane, candidate, path, self.timing, isolated=level == 0, level=level)
+        finally:
+            lanes.put(lane)
+
+    def _time(self, lane: Worker, candidate: Candidate, path: str, policy: TimingPolicy, *, isolated: bool,
+              level: int = 0) -> tuple[Measurement, bool]:
+        """Time one built candidate on ``lane``; (measurement, whether it timed out)."""
+        slot = self._slot_of(lane)
+        best = None if isolated else self._best.get(candidate.task)
+        pause = self._builders.paused() if isolated else contextlib.nullcontext()
+        try:
+            with pause:
+                timing = lane.call(self.timer, (path, slot, candidate.arg_shapes(), policy, best),
+                                   self.limits.run_timeout(level) * (2 if isolated else 1))
+        except WorkerFault as fault:
+            self.counts[f"run_{fault.kind}"] += 1
+            return Measurement(error=f"run: {fault}", slot=slot.name), fault.kind == "timeout"
+        m = Measurement(run_secs=tuple(timing.run_secs), slot=slot.name, isolated=isolated)
+        if not m.ok:
+            self.counts["run_garbage"] += 1
+            return Measurement(error=f"run: invalid timings {list(timing.run_secs)[:5]}", slot=slot.name), False
+        self.counts["measured"] += 1
+        self.counts[f"stop_{timing.stop}"] += 1
+        with self._lock:
+            if m.latency < self._best.get(candidate.task, math.inf):
+                self._best[candidate.task] = m.latency
+        return m, False
+
+    def _slot_of(self, lane: Worker) -> DeviceSlot:
+        return self.slots[self._lanes.index(lane) % len(self.slots)]
+
+    def _verify(self, candidates: Sequence[Candidate], results: list[Measurement], paths: dict[int, str]) -> float | None:
+        """Re-time outliers, the fastest and a sample in isolation; fix the round's values; return its error."""
+        parallel = {i: m.latency for i, m in enumerate(results) if m.ok}
+        picked = pick_for_verification(parallel, self._rng)
+        pairs = []
+        for i in picked:
+            iso, _ = self._time(self._lanes[0], candidates[i], paths[i], self.timing.isolated(), isolated=True)
+            if iso.ok:
+                pairs.append((parallel[i], iso.latency))
+                results[i] = iso
+        self.counts["verified"] += len(pairs)
+        if not pairs:
+            return None
+        check = Verification.compare(pairs)
+        for i in parallel.keys() - set(picked):
+            m = results[i]
+            results[i] = Measurement(tuple(check.corrected(s) for s in m.run_secs or ()), slot=m.slot)
+        return check.error
+
+    def _remove(self, paths: dict[int, str]) -> None:
+        import os
+
+        for path in paths.values():
+            with contextlib.suppress(OSError):
+                os.remove(path)
+
+
+def _thread_env(threads: int) -> dict[str, str]:
+    """The TVM runtime uses exactly the slot's cores, without re-binding threads over our pinning."""
+    return {"TVM_NUM_THREADS": str(threads), "TVM_BIND_THREADS": "0", "OMP_NUM_THREADS": str(threads)}

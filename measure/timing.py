@@ -1,0 +1,160 @@
+"""On-device timing with adaptive repeats, run inside a measurement worker.
+
+The runtime's own timer does the timing: on a CPU, ``time_evaluator`` with the
+worker pinned to its slot's cores (optionally flushing caches between runs); on a
+GPU, the same call on a CUDA device, which TVM times with CUDA events on the
+worker's own stream, never host wall clock around a launch. Repeats stop as soon
+as the 95% confidence interval of the mean is tight, or as soon as the candidate is
+clearly slower than the best of its task, instead of a fixed ``min_repeat_ms``
+for every candidate.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from measure.slots import DeviceSlot
+
+# Two-sided 95% Student t quantiles by degrees of freedom; 1.96 beyond the table.
+_T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23,
+        12: 2.18, 15: 2.13, 20: 2.09, 30: 2.04, 60: 2.00}
+
+
+def t95(df: int) -> float:
+    return _T95[max(k for k in _T95 if k <= df)] if df < 120 else 1.96
+
+
+@dataclass(frozen=True)
+class TimingPolicy:
+    """When to stop repeating a measurement."""
+
+    min_repeats: int = 3
+    max_repeats: int = 20
+    rel_ci: float = 0.03  # stop once the 95% CI half-width of the median is within this share of it
+    min_repeat_s: float = 0.002  # each repeat runs the kernel often enough to last this long
+    max_seconds: float = 0.5  # timing budget per candidate, warm-up excluded
+    slower_than_best: float = 0.2  # stop once even the fastest run is this far behind the task's best
+    hopeless: float = 2.0  # a warm-up run this many times the task's best is the only run
+    cache_flush: bool = False
+
+    def isolated(self) -> TimingPolicy:
+        """The stricter policy for verification and final ranking."""
+        return replace(self, min_repeats=7, max_repeats=40, rel_ci=self.rel_ci / 2,
+                       max_seconds=self.max_seconds * 4, slower_than_best=math.inf, hopeless=math.inf)
+
+
+@dataclass(frozen=True)
+class Timing:
+    run_secs: tuple[float, ...]
+    stop: str  # "ci", "slower", "hopeless", "repeats" or "time"
+    number: int
+
+
+def robust_latency(samples: Sequence[float]) -> float:
+    """The median: on a shared host, interference only ever adds time, in bursts."""
+    return statistics.median(samples)
+
+
+def median_half_width(samples: Sequence[float]) -> float:
+    """95% half-width of the median, from the MAD (robust to the bursts the mean is not)."""
+    n = len(samples)
+    med = statistics.median(samples)
+    spread = 1.4826 * statistics.median(abs(s - med) for s in samples)
+    return t95(n - 1) * 1.2533 * spread / math.sqrt(n)
+
+
+def should_stop(samples: list[float], policy: TimingPolicy, best_s: float | None, spent_s: float) -> str | None:
+    """Why to stop now, or None to take more samples."""
+    n = len(samples)
+    if n >= policy.max_repeats:
+        return "repeats"
+    if spent_s >= policy.max_seconds and n >= 1:
+        return "time"
+    if best_s is not None and n >= 2 and min(samples) > best_s * (1 + policy.slower_than_best):
+        return "slower"  # even its fastest run is clearly behind the task's best
+    if n < policy.min_repeats:
+        return None
+    if median_half_width(samples) <= policy.rel_ci * robust_latency(samples):
+        return "ci"
+    return None
+
+
+_ARGS: dict[Any, list[Any]] = {}
+_RPC: dict[Any, Any] = {}
+
+
+def time_candidate(artifact_path: str, slot: DeviceSlot, arg_shapes: tuple[tuple[str, tuple[int, ...]], ...],
+                   policy: TimingPolicy, best_s: float | None) -> Timing:
+    """Load a built candidate on ``slot`` and time it. Runs in a measurement worker."""
+    import time
+
+    if slot.kind == "rpc":
+        module, device, cleanup = _load_remote(artifact_path, slot)
+    else:
+        import tvm
+
+        module, device, cleanup = tvm.runtime.load_module(artifact_path), tvm.runtime.device(slot.device_type, slot.device_id), None
+        if slot.kind == "cuda":
+            _own_stream(device)
+    try:
+        args = _arguments(device, arg_shapes, slot)
+        flush = "cache_flush_cpu_non_first_arg" if policy.cache_flush and slot.device_type == "cpu" else ""
+        warm = module.time_evaluator(module.entry_name, device, number=1, repeat=1, f_preproc=flush)
+        first = float(warm(*args).mean)
+        if best_s is not None and first > policy.hopeless * best_s:
+            return Timing((first,), "hopeless", 1)
+        number = max(1, math.ceil(policy.min_repeat_s / max(first, 1e-9)))
+        timer = module.time_evaluator(module.entry_name, device, number=number, repeat=1, f_preproc=flush)
+        samples: list[float] = []
+        started = time.perf_counter()
+        while (stop := should_stop(samples, policy, best_s, time.perf_counter() - started)) is None:
+            samples.append(float(timer(*args).mean))
+        return Timing(tuple(samples), stop, number)
+    except Exception:
+        if slot.kind == "rpc":  # the session may be gone: reconnect and re-allocate next time
+            _RPC.pop(slot.rpc, None)
+            for key in [k for k in _ARGS if k[0] == slot.name]:
+                del _ARGS[key]
+        raise
+    finally:
+        if cleanup:
+            cleanup()
+
+
+def _arguments(device: Any, arg_shapes: tuple[tuple[str, tuple[int, ...]], ...], slot: DeviceSlot) -> list[Any]:
+    """Random inputs per (slot, shapes), allocated once per worker."""
+    import numpy as np
+    import tvm
+
+    key = (slot.name, arg_shapes)
+    if key not in _ARGS:
+        rng = np.random.default_rng(0)
+        _ARGS[key] = [tvm.runtime.tensor(rng.uniform(-1, 1, shape).astype(dtype), device) for dtype, shape in arg_shapes]
+    return _ARGS[key]
+
+
+def _own_stream(device: Any) -> None:
+    """Give this worker its own CUDA stream, so the event timer measures only its launches."""
+    if "stream" not in _RPC:
+        _RPC["stream"] = device.create_raw_stream()
+        device.set_raw_stream(_RPC["stream"])
+
+
+def _load_remote(artifact_path: str, slot: DeviceSlot) -> tuple[Any, Any, Any]:
+    """Upload the candidate to the slot's RPC server (one session per worker, re-made after a failure)."""
+    from tvm import rpc
+
+    address = slot.rpc
+    session = _RPC.get(address)
+    if session is None:
+        tracker = rpc.connect_tracker(address.host, address.port)
+        session = _RPC[address] = tracker.request(address.key, priority=1, session_timeout=120, max_retry=2)
+    name = os.path.basename(artifact_path)
+    session.upload(artifact_path)
+    module = session.load_module(name)
+    return module, session.device(slot.device_type, slot.device_id), lambda: session.remove(name)

@@ -1,0 +1,70 @@
+"""Candidates that misbehave, for the engine's fault tests, and a timer that returns garbage."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from measure.engine import Candidate
+from measure.timing import Timing, time_candidate
+
+
+def _candidate(args: list[Any], task: str) -> Candidate:
+    import tvm
+    from tvm import te
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    func = te.create_prim_func(args)
+    return Candidate(tvm.IRModule({"main": func}), ArgInfo.from_prim_func(func), task)
+
+
+def good(n: int = 256) -> Candidate:
+    from tvm import te
+
+    a = te.placeholder((n, n), name="A")
+    return _candidate([a, te.compute((n, n), lambda i, j: a[i, j] * 2.0 + 1.0, name="B")], "good")
+
+
+def unbuildable() -> Candidate:
+    """A loop bound to a GPU thread index, built for the CPU: LLVM refuses it."""
+    import tvm
+
+    c = good(64)
+    sch = tvm.s_tir.Schedule(c.mod)
+    sch.bind(sch.get_loops(sch.get_sblock("B"))[0], "threadIdx.x")
+    return Candidate(sch.mod, c.args_info, "unbuildable")
+
+
+def segfault() -> Candidate:
+    """Reads 2**40 floats past a 16-float buffer."""
+    from tvm import te
+
+    a = te.placeholder((16,), name="A")
+    far = te.const(1 << 40, "int64")
+    return _candidate([a, te.compute((16,), lambda i: a[i.astype("int64") + far], name="B")], "segfault")
+
+
+def endless() -> Candidate:
+    """A 2**40-step floating-point reduction: hours of work, never finishes within a timeout."""
+    from tvm import te
+
+    a = te.placeholder((4,), name="A")
+    k = te.reduce_axis((0, 1 << 40), name="k")
+    return _candidate([a, te.compute((4,), lambda i: te.sum(a[i] * 1.0001, axis=k), name="B")], "endless")
+
+
+def slow() -> Candidate:
+    """A dense 1024^3 matmul, naive schedule: about a second per run, long enough to be killed mid-run."""
+    from tvm import te
+
+    n = 1024
+    a = te.placeholder((n, n), name="A")
+    b = te.placeholder((n, n), name="B")
+    k = te.reduce_axis((0, n), name="k")
+    return _candidate([a, b, te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")], "slow")
+
+
+def nan_timer(*args: Any) -> Timing:
+    """A timer that measures, then reports NaN: what a broken clock or counter overflow looks like."""
+    real = time_candidate(*args)
+    return Timing((math.nan,) * len(real.run_secs), real.stop, real.number)

@@ -1,0 +1,90 @@
+"""The parallel engine on real candidates, including ones that crash, hang or return garbage."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import cloudpickle
+import pytest
+
+import tests.fault_kernels as kernels
+from measure.parallel import EngineLimits, ParallelEngine
+from measure.slots import cpu_slots
+
+cloudpickle.register_pickle_by_value(kernels)  # the workers cannot import tests/
+
+
+@pytest.fixture(scope="module")
+def target():
+    from autotune.target import resolve_target
+    from measure.tvm_import import import_meta_schedule
+
+    import_meta_schedule()
+    return resolve_target("cpu", 1).tvm_target()
+
+
+@pytest.fixture(scope="module")
+def engine():
+    eng = ParallelEngine(cpu_slots(1), build_workers=2, limits=EngineLimits(build_timeout_s=60, run_timeout_s=8))
+    yield eng
+    eng.close()
+
+
+def test_good_candidates_are_timed_on_pinned_slots(engine, target):
+    results = engine.measure(target, "cpu", [kernels.good(128), kernels.good(256)])
+    assert all(m.ok for m in results), [m.error for m in results]
+    assert results[0].latency < results[1].latency  # 4x the work
+    assert {m.slot for m in results} <= {s.name for s in engine.slots}
+
+
+def test_a_segfaulting_candidate_kills_only_its_worker(engine, target):
+    before = sum(w.replaced for w in engine.lanes)
+    results = engine.measure(target, "cpu", [kernels.good(), kernels.segfault(), kernels.good()])
+    assert results[0].ok and results[2].ok
+    assert not results[1].ok and "SIGSEGV" in results[1].error
+    assert sum(w.replaced for w in engine.lanes) == before + 1
+
+
+def test_an_endless_candidate_times_out_and_the_round_goes_on(engine, target):
+    started = time.monotonic()
+    results = engine.measure(target, "cpu", [kernels.endless(), kernels.good()])
+    assert "no result within" in results[0].error and results[1].ok
+    assert time.monotonic() - started < 60
+
+
+def test_a_worker_killed_mid_measurement_is_one_error(engine, target):
+    lane = engine.lanes[0]
+    lane.start()
+
+    def kill_when_busy() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not engine.counts.get("built"):
+            time.sleep(0.05)
+        time.sleep(1.0)  # the slow candidate is being timed by now
+        os.kill(lane.pid, signal.SIGKILL)
+
+    engine.counts.pop("built", None)
+    killer = threading.Thread(target=kill_when_busy)
+    killer.start()
+    results = engine.measure_isolated(target, "cpu", [kernels.slow(), kernels.good()])
+    killer.join()
+    assert not results[0].ok and "SIGKILL" in results[0].error
+    assert results[1].ok
+
+
+def test_garbage_timings_are_rejected(target):
+    eng = ParallelEngine(cpu_slots(1), build_workers=1, timer=kernels.nan_timer)
+    try:
+        (result,) = eng.measure(target, "cpu", [kernels.good()])
+    finally:
+        eng.close()
+    assert not result.ok and "invalid timings" in result.error
+
+
+def test_a_build_failure_is_a_recorded_error(engine, target):
+    results = engine.measure(target, "cpu", [kernels.unbuildable(), kernels.good()])
+    assert results[0].error.startswith("build:") and "\n" not in results[0].error
+    assert results[1].ok

@@ -1,0 +1,80 @@
+"""The engine's policies, without processes: stopping rules, DoP control, verification."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from measure.dop import DopController, Verification, modified_z_scores, pick_for_verification
+from measure.timing import TimingPolicy, should_stop
+
+
+def test_repeats_stop_when_the_median_is_tight():
+    policy = TimingPolicy(min_repeats=3, rel_ci=0.03)
+    assert should_stop([1.0, 1.001], policy, None, 0.0) is None  # below the minimum
+    assert should_stop([1.0, 1.001, 0.999, 1.0], policy, None, 0.0) == "ci"
+    noisy = [1.0, 1.6, 0.7, 1.4, 0.8]
+    assert should_stop(noisy, policy, None, 0.0) is None
+    assert should_stop(noisy, policy, None, policy.max_seconds) == "time"
+    assert should_stop([1.0, 2.0] * 10, policy, None, 0.0) == "repeats"
+
+
+def test_a_candidate_clearly_slower_than_the_best_stops_early():
+    policy = TimingPolicy(slower_than_best=0.2)
+    slow = [1.5, 1.6]
+    assert should_stop(slow, policy, best_s=1.0, spent_s=0.0) == "slower"
+    assert should_stop(slow, policy, best_s=1.4, spent_s=0.0) is None  # within 20%: keep timing
+    assert should_stop(slow, policy.isolated(), best_s=1.0, spent_s=0.0) is None  # isolation never cuts short
+
+
+def test_controller_grows_while_error_is_low_and_cuts_on_a_bad_round():
+    dop = DopController(max_level=8)
+    assert dop.level == 0 and not dop.overlap_builds
+    assert dop.update(None, 0, 10) == 1  # an isolated round is good by definition
+    assert dop.update(0.01, 0, 10) == 2
+    assert dop.update(0.02, 0, 10) == 4
+    assert dop.update(0.20, 0, 10) == 3  # floor(4 * 0.8), ceiling 4 * 1.8 / 2 = 3.6
+    assert dop.ceiling == pytest.approx(3.6)
+    assert dop.update(0.01, 0, 10) == 3  # at the ceiling: hold
+    assert dop.update(0.01, 0, 10) == 4  # then probe past it once
+    assert dop.update(0.01, 3, 10) == 3  # too many timeouts count as a bad round
+    assert [h["level"] for h in dop.history] == [0, 1, 2, 4, 3, 3, 4]
+
+
+def test_controller_never_leaves_its_range():
+    dop = DopController(max_level=1)
+    for _ in range(5):
+        dop.update(0.0, 0, 10)
+    assert dop.level == 1
+    dop.update(0.5, 0, 10)
+    assert dop.level == 0
+    fixed = DopController(max_level=2, level=2, fixed=True)
+    fixed.update(0.9, 5, 10)
+    assert fixed.level == 2
+
+
+def test_controller_starts_from_a_calibration():
+    curve = [{"level": 0, "error": 0.01}, {"level": 1, "error": 0.02}, {"level": 2, "error": 0.04},
+             {"level": 3, "error": 0.12}]
+    dop = DopController.from_calibration(curve, max_level=4)
+    assert dop.level == 2 and dop.ceiling == 2
+    assert DopController.from_calibration(curve, max_level=1).level == 1
+
+
+def test_outliers_and_the_fastest_are_always_verified():
+    latencies = {i: 1.0 + 0.01 * i for i in range(20)}
+    latencies[7] = 30.0  # an outlier in log space
+    picked = pick_for_verification(latencies, random.Random(0))
+    assert 7 in picked and 0 in picked
+    assert len(picked) == math.ceil(0.2 * 20)
+    assert modified_z_scores([1.0, 1.0, 1.0]) == [0.0, 0.0, 0.0]
+
+
+def test_verification_measures_error_and_removes_bias():
+    check = Verification.compare([(1.1, 1.0), (2.2, 2.0)])  # parallel 10% slow
+    assert check.error == pytest.approx(0.1)
+    assert check.corrected(3.3) == pytest.approx(3.0, rel=1e-2)
+    big = Verification.compare([(2.0, 1.0)])  # 50% bias: too large to trust a correction
+    assert big.corrected(4.0) == 4.0
