@@ -68,7 +68,7 @@ class TuningSession:
     cost_model: Any
     work_dir: str
     round_size: int = 32
-    rerank_share: float = 0.05  # the top 5% of each task's candidates (at least 2, at most 10) are re-timed alone
+    rerank_share: float = 0.05  # the top 5% of each task's candidates (at least 2, at most 5) are re-timed alone
     time_limit_s: float | None = None
     num_threads: int = 1
     seed: int = 0
@@ -197,7 +197,8 @@ class TuningSession:
                 state.best_s = min(state.best_s, m.latency)
                 log.write(json.dumps({
                     "task": state.task.name, "trial": state.trials, "latency_s": None if not m.ok else m.latency,
-                    "error": m.error, "elapsed_s": round(time.monotonic() - started, 3), "at": round(time.time(), 3),
+                    "error": m.error, "elapsed_s": round(time.monotonic() - started, 3),
+                    "at": round(m.at or time.time(), 3),
                 }) + "\n")
             results.append(RunnerResult([m.latency], None) if m.ok else RunnerResult(None, m.error))
         log.flush()
@@ -254,7 +255,7 @@ class TuningSession:
             value = {i: _mean(r.run_secs) for i, r in enumerate(records)}
             parallel = dict(value)
             retimed: set[int] = set()
-            k = min(10, max(2, math.ceil(self.rerank_share * len(records))))
+            k = min(5, max(2, math.ceil(self.rerank_share * len(records))))
             for _ in range(3):
                 order = sorted((i for i in value if value[i] < math.inf), key=value.__getitem__)
                 todo = [i for i in order[:len(retimed) + k] if i not in retimed]

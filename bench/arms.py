@@ -59,7 +59,7 @@ def _warm_builder(workers: int) -> Any:
     ms = import_meta_schedule()
     from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
     from tvm.s_tir.meta_schedule.builder.local_builder import _worker_func
-    from tvm.s_tir.meta_schedule.utils import derived_object
+    from tvm.ir.utils import derived_object
     from tvm.support.popen_pool import PopenPoolExecutor
 
     @derived_object
@@ -120,7 +120,7 @@ def _model_latency_curve(log: list[dict[str, Any]], weights: dict[str, int],
     best: dict[str, float] = {}
     curve: list[tuple[float, float]] = []
     total = math.inf
-    for m in log:
+    for m in sorted(log, key=lambda m: m["at"]):
         if m["latency_s"] is None:
             continue
         best[m["task"]] = min(best.get(m["task"], math.inf), m["latency_s"])

@@ -1,6 +1,7 @@
 """Re-measure the arms' final bests side by side: ``python -m bench.remeasure WORKLOAD ARM=DB_DIR ...``.
 
-Kernels: each arm's best record is rebuilt; models: the model is compiled with each
+Kernels: each arm's best record is rebuilt as tuning builds it (weight-layout rewrite
+blocks removed, as MetaSchedule measures); models: the model is compiled with each
 arm's database. Then the arms are timed in turns (10 turns, each 3 repeats of at
 least 100 ms), so that the host's slow drifts hit every arm alike; the median per
 arm is printed as JSON.
@@ -10,11 +11,13 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 from typing import Any
 
 import numpy as np
 
 from bench.workloads import WORKLOADS, kernel, model_relax
+from measure.build import build_candidate
 
 TURNS = 10
 
@@ -32,10 +35,10 @@ def _timer(workload: str, db_dir: str, target: Any, dev: Any) -> Any:
             return None
         sch = tvm.s_tir.Schedule(mod)
         top[0].trace.apply_to_schedule(sch, remove_postproc=False)
-        lib = tvm.compile(sch.mod, target=target).jit()
+        lib = tvm.runtime.load_module(build_candidate(sch.mod, target, tempfile.mkdtemp()))  # as tuning built it
         args = [tvm.runtime.tensor(np.random.rand(*[int(d) for d in a.shape]).astype(str(a.dtype)), dev)
                 for a in top[0].args_info]
-        f = lib.time_evaluator("main", dev, number=1, repeat=3, min_repeat_ms=100)
+        f = lib.time_evaluator(lib.entry_name, dev, number=1, repeat=3, min_repeat_ms=100)
         return lambda: f(*args).results
     from tvm import relax
 

@@ -32,7 +32,7 @@ class DopController:
     error_bound: float = 0.05
     timeout_bound: float = 0.05
     backoff: float = 0.2
-    hold_rounds: int = 2
+    hold_rounds: int = 4
     fixed: bool = False  # a level set by hand: record rounds, never move
     ceiling: float | None = None
     history: list[dict[str, Any]] = field(default_factory=list)

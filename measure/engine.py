@@ -37,6 +37,8 @@ class Measurement:
     error: str | None = None
     slot: str = ""  # where it was timed
     isolated: bool = False  # timed alone (or re-timed alone to verify a parallel value)
+    at: float | None = None  # wall-clock time (time.time()) the value was known
+    stop: str = ""  # why timing stopped (see ``measure.timing.Timing``)
 
     @property
     def ok(self) -> bool:

@@ -21,6 +21,7 @@ import random
 import shutil
 import tempfile
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
@@ -70,7 +71,7 @@ class ParallelEngine(MeasurementEngine):
         self.controller = controller or DopController(max_level=len(self._lanes))
         self.controller.max_level = min(self.controller.max_level, len(self._lanes))
         self._builders = WorkerGroup([
-            Worker(f"build-{i}", WorkerSetup(env=_thread_env(1), idle_priority=True, import_meta_schedule=True))
+            Worker(f"build-{i}", WorkerSetup(env=_thread_env(1), idle_priority=True, builds=True))
             for i in range(max(1, build_workers))
         ])
         self._free_builders: queue.Queue[Worker] = queue.Queue()
@@ -186,15 +187,18 @@ class ParallelEngine(MeasurementEngine):
                       level: int) -> tuple[Measurement, bool]:
         lane = lanes.get()
         try:
-            return self._time(lane, candidate, path, self.timing, isolated=level == 0, level=level)
+            return self._time(lane, candidate, path, self.timing, self._best.get(candidate.task),
+                              isolated=level == 0, level=level)
         finally:
             lanes.put(lane)
 
-    def _time(self, lane: Worker, candidate: Candidate, path: str, policy: TimingPolicy, *, isolated: bool,
-              level: int = 0) -> tuple[Measurement, bool]:
-        """Time one built candidate on ``lane``; (measurement, whether it timed out)."""
+    def _time(self, lane: Worker, candidate: Candidate, path: str, policy: TimingPolicy, best: float | None = None,
+              *, isolated: bool, level: int = 0) -> tuple[Measurement, bool]:
+        """Time one built candidate on ``lane`` (``best``: its task's best so far, for early stops).
+
+        Returns the measurement and whether it timed out.
+        """
         slot = self._slot_of(lane)
-        best = None if isolated else self._best.get(candidate.task)
         pause = self._builders.paused() if isolated else contextlib.nullcontext()
         try:
             with pause:
@@ -203,7 +207,8 @@ class ParallelEngine(MeasurementEngine):
         except WorkerFault as fault:
             self.counts[f"run_{fault.kind}"] += 1
             return Measurement(error=f"run: {fault}", slot=slot.name), fault.kind == "timeout"
-        m = Measurement(run_secs=tuple(timing.run_secs), slot=slot.name, isolated=isolated)
+        m = Measurement(run_secs=tuple(timing.run_secs), slot=slot.name, isolated=isolated, at=time.time(),
+                        stop=timing.stop)
         if not m.ok:
             self.counts["run_garbage"] += 1
             return Measurement(error=f"run: invalid timings {list(timing.run_secs)[:5]}", slot=slot.name), False
@@ -233,7 +238,8 @@ class ParallelEngine(MeasurementEngine):
         check = Verification.compare(pairs)
         for i in parallel.keys() - set(picked):
             m = results[i]
-            results[i] = Measurement(tuple(check.corrected(s) for s in m.run_secs or ()), slot=m.slot)
+            results[i] = Measurement(tuple(check.corrected(s) for s in m.run_secs or ()), slot=m.slot, at=m.at,
+                                     stop=m.stop)
         return check.error
 
     def _remove(self, paths: dict[int, str]) -> None:

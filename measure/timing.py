@@ -34,18 +34,18 @@ class TimingPolicy:
     """When to stop repeating a measurement."""
 
     min_repeats: int = 3
-    max_repeats: int = 20
+    max_repeats: int = 12
     rel_ci: float = 0.03  # stop once the 95% CI half-width of the median is within this share of it
     min_repeat_s: float = 0.002  # each repeat runs the kernel often enough to last this long
     max_seconds: float = 0.5  # timing budget per candidate, warm-up excluded
     slower_than_best: float = 0.2  # stop once even the fastest run is this far behind the task's best
-    hopeless: float = 2.0  # a warm-up run this many times the task's best is the only run
+    hopeless: float = 1.5  # a first run this many times the task's best is the only one
     cache_flush: bool = False
 
     def isolated(self) -> TimingPolicy:
         """The stricter policy for verification and final ranking."""
-        return replace(self, min_repeats=7, max_repeats=40, rel_ci=self.rel_ci / 2,
-                       max_seconds=self.max_seconds * 4, slower_than_best=math.inf, hopeless=math.inf)
+        return replace(self, min_repeats=5, max_repeats=30, rel_ci=self.rel_ci / 2,
+                       max_seconds=self.max_seconds * 2, slower_than_best=math.inf, hopeless=math.inf)
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,7 @@ def should_stop(samples: list[float], policy: TimingPolicy, best_s: float | None
     return None
 
 
+_BATCH = 2  # samples per evaluator call after the first ones: each call adds one untimed run
 _ARGS: dict[Any, list[Any]] = {}
 _RPC: dict[Any, Any] = {}
 
@@ -104,16 +105,24 @@ def time_candidate(artifact_path: str, slot: DeviceSlot, arg_shapes: tuple[tuple
     try:
         args = _arguments(device, arg_shapes, slot)
         flush = "cache_flush_cpu_non_first_arg" if policy.cache_flush and slot.device_type == "cpu" else ""
-        warm = module.time_evaluator(module.entry_name, device, number=1, repeat=1, f_preproc=flush)
-        first = float(warm(*args).mean)
+        timers: dict[tuple[int, int], Any] = {}
+
+        def run(number: int, repeat: int) -> list[float]:
+            """``repeat`` samples; TVM's evaluator runs the kernel once more, untimed, before them."""
+            if (number, repeat) not in timers:
+                timers[number, repeat] = module.time_evaluator(module.entry_name, device, number=number,
+                                                               repeat=repeat, f_preproc=flush)
+            return [float(x) for x in timers[number, repeat](*args).results]
+
+        (first,) = run(1, 1)
         if best_s is not None and first > policy.hopeless * best_s:
             return Timing((first,), "hopeless", 1)
         number = max(1, math.ceil(policy.min_repeat_s / max(first, 1e-9)))
-        timer = module.time_evaluator(module.entry_name, device, number=number, repeat=1, f_preproc=flush)
-        samples: list[float] = []
+        samples: list[float] = [first] if number == 1 else []
         started = time.perf_counter()
         while (stop := should_stop(samples, policy, best_s, time.perf_counter() - started)) is None:
-            samples.append(float(timer(*args).mean))
+            want = max(policy.min_repeats - len(samples), _BATCH)
+            samples += run(number, min(want, policy.max_repeats - len(samples)))
         return Timing(tuple(samples), stop, number)
     except Exception:
         if slot.kind == "rpc":  # the session may be gone: reconnect and re-allocate next time

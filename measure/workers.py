@@ -38,7 +38,7 @@ class WorkerSetup:
     cores: tuple[int, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     idle_priority: bool = False
-    import_meta_schedule: bool = False
+    builds: bool = False  # import the compiler up front
 
 
 def _prepare(setup: WorkerSetup) -> None:
@@ -49,10 +49,9 @@ def _prepare(setup: WorkerSetup) -> None:
         os.sched_setaffinity(0, setup.cores)
     if setup.idle_priority:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    if setup.import_meta_schedule:
-        from measure.tvm_import import import_meta_schedule
-
-        import_meta_schedule()
+    if setup.builds:
+        import tvm.s_tir.transform  # noqa: F401
+        import tvm.tirx  # noqa: F401
     else:
         import tvm.runtime  # noqa: F401
 
@@ -84,11 +83,9 @@ class Worker:
 
     def start(self) -> None:
         """Start the child and run its set-up (blocking, no timeout: imports are slow but finite)."""
-        from tvm.support.popen_pool import PopenWorker
-
         with self._lock:
             if self._popen is None:
-                self._popen = PopenWorker(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                self._popen = _popen_worker()
             if not self._popen.is_alive():
                 self._popen.send(_prepare, (self.setup,))
                 self._popen.recv()
@@ -188,6 +185,30 @@ class WorkerGroup:
     def close(self) -> None:
         for w in self.workers:
             w.kill()
+
+
+def _popen_worker() -> Any:
+    """A ``PopenWorker`` whose child runs ``measure.worker_main`` (TVM's loop, without torch)."""
+    import sys
+
+    from tvm.support.popen_pool import PopenWorker
+
+    class LeanPopenWorker(PopenWorker):
+        def _start(self) -> None:  # PopenWorker._start (POSIX branch) with our entry module
+            if self._proc is not None:
+                return
+            main_read, worker_write = os.pipe()
+            worker_read, main_write = os.pipe()
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "measure.worker_main", str(worker_read), str(worker_write)],
+                pass_fds=(worker_read, worker_write), stdout=self._stdout, stderr=self._stderr,
+            )
+            os.close(worker_read)
+            os.close(worker_write)
+            self._reader = os.fdopen(main_read, "rb")
+            self._writer = os.fdopen(main_write, "wb")
+
+    return LeanPopenWorker(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def _start_quietly(worker: Worker) -> None:

@@ -68,3 +68,35 @@ def nan_timer(*args: Any) -> Timing:
     """A timer that measures, then reports NaN: what a broken clock or counter overflow looks like."""
     real = time_candidate(*args)
     return Timing((math.nan,) * len(real.run_secs), real.stop, real.number)
+
+
+def flaky_timer(counter_path: str) -> Any:
+    """A timer whose calls, in turn, crash the worker, report NaN, and measure for real."""
+
+    def timer(*args: Any) -> Timing:
+        import os
+        import signal
+
+        with open(counter_path, "a+", encoding="utf-8") as f:
+            f.seek(0)
+            calls = len(f.read())
+            f.write(".")
+        if calls % 3 == 0:
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if calls % 3 == 1:
+            return Timing((math.nan,), "ci", 1)
+        return time_candidate(*args)
+
+    return timer
+
+
+def small_matmul() -> Any:
+    from tvm import te
+
+    import tvm
+
+    a = te.placeholder((64, 64), name="A")
+    b = te.placeholder((64, 64), name="B")
+    k = te.reduce_axis((0, 64), name="k")
+    c = te.compute((64, 64), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    return tvm.IRModule({"main": te.create_prim_func([a, b, c])})

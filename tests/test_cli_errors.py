@@ -41,6 +41,11 @@ def assert_usage_error(proc: subprocess.CompletedProcess, *phrases: str) -> None
         (["zoo:mlp", "--trials", "-5"], ["trials must be a positive number; got -5"]),
         (["zoo:mlp", "--trials", "2"], ["--trials 2 is fewer than the model's"]),
         (["zoo:mlp", "--batch-sizes", "1,x"], ["--batch-sizes must be comma-separated integers"]),
+        (["zoo:mlp", "--engine", "fast"], ["--engine must be one of parallel, stock; got 'fast'"]),
+        (["zoo:mlp", "--dop", "many"], ["--dop must be auto or a level"]),
+        (["zoo:mlp", "--devices", "tpu:0"], ["unknown device 'tpu:0'", "expected cpu, cuda:N or rpc:HOST:PORT:KEY"]),
+        (["zoo:mlp", "--devices", "cuda:3"], ["needs --target cuda"]),
+        (["zoo:mlp", "--devices", "rpc:127.0.0.1:9:board"], ["no RPC tracker at 127.0.0.1:9"]),
     ],
 )
 def test_bad_tune_input(args, phrases, tmp_path):
@@ -91,3 +96,18 @@ def test_inspect_and_run_a_good_artifact(tuned_run, tmp_path):
     wrong = tmp_path / "wrong.npy"
     np.save(wrong, np.zeros((1, 5), dtype="float32"))
     assert_usage_error(autotune("run", str(tuned_run.artifact), "--input", str(wrong), cwd=ROOT), "expected [batch, 784]")
+
+
+@pytest.mark.parametrize(
+    ("args", "phrases"),
+    [
+        (["--kernel", "fft"], ["--kernel must be one of matmul512"]),
+        (["--candidates", "2"], ["--candidates must be at least 4; got 2"]),
+        (["--levels", "0,-1"], ["--levels must be levels 0, 1, 2"]),
+        (["--devices", "cuda:0"], ["needs --target cuda"]),
+    ],
+)
+def test_bad_calibrate_input(args, phrases, tmp_path):
+    proc = autotune("measure", "calibrate", *args, "--out", str(tmp_path / "curve.json"), cwd=ROOT)
+    assert_usage_error(proc, *phrases)
+    assert not (tmp_path / "curve.json").exists()

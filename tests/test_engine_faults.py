@@ -88,3 +88,31 @@ def test_a_build_failure_is_a_recorded_error(engine, target):
     results = engine.measure(target, "cpu", [kernels.unbuildable(), kernels.good()])
     assert results[0].error.startswith("build:") and "\n" not in results[0].error
     assert results[1].ok
+
+
+def test_tuning_finishes_through_faults_and_the_database_stays_valid(tmp_path):
+    """Every third measurement crashes its worker and every third returns NaN: tuning still ends,
+    failures are recorded per candidate, and both databases load with a valid best."""
+    import json
+
+    from autotune.budget import split_budget
+    from autotune.pipeline import run_tuning
+    from autotune.target import resolve_target
+    from autotune.tasks import Task
+    from tvm.s_tir.meta_schedule.database import JSONDatabase
+
+    spec = resolve_target("cpu", 1)
+    mod = kernels.small_matmul()
+    tasks = [Task("matmul64", mod, 1, 2 * 64**3)]
+    engine = ParallelEngine(cpu_slots(1), build_workers=2, timer=kernels.flaky_timer(str(tmp_path / "calls")))
+    session, ranked = run_tuning(tasks, split_budget(tasks, 9, 1), spec, spec.tvm_target(), tmp_path / "tuning",
+                                 engine=engine, round_size=3)
+    log = [json.loads(line) for line in (tmp_path / "tuning" / "measurements.jsonl").read_text().splitlines()]
+    assert len(log) == 9
+    errors = [m["error"] for m in log if m["error"]]
+    assert any("SIGSEGV" in e for e in errors) and any("invalid timings" in e for e in errors)
+    assert any(m["latency_s"] for m in log)
+    assert session.engine_report["workers_replaced"] >= 3
+    for db in (ranked, JSONDatabase(work_dir=str(tmp_path / "tuning"))):
+        (best,) = db.get_top_k(db.commit_workload(mod), 1)
+        assert best.run_secs and 0 < float(best.run_secs[0]) < 1
