@@ -1,6 +1,7 @@
-"""Re-measure the arms' final bests side by side: ``python -m bench.remeasure WORKLOAD ARM=DB_DIR ...``.
+"""Re-measure candidates side by side: ``python -m bench.remeasure WORKLOAD NAME=DB_DIR[@INDEX] ...``.
 
-Kernels: each arm's best record is rebuilt as tuning builds it (weight-layout rewrite
+Kernels: each named database's best record (or, with ``@INDEX``, its INDEX-th record in
+commit order) is rebuilt as tuning builds it (weight-layout rewrite
 blocks removed, as MetaSchedule measures); models: the model is compiled with each
 arm's database. Then the arms are timed in turns (10 turns, each 3 repeats of at
 least 100 ms), so that the host's slow drifts hit every arm alike; the median per
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,15 +24,22 @@ from measure.build import build_candidate
 TURNS = 10
 
 
-def _timer(workload: str, db_dir: str, target: Any, dev: Any) -> Any:
+def _timer(workload: str, spec: str, target: Any, dev: Any) -> Any:
     """A callable that returns one turn's timings, or None if the run left no valid record."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
+    db_dir, _, index = spec.partition("@")
     db = ms.database.JSONDatabase(work_dir=db_dir)
     if WORKLOADS[workload].kind == "kernel":
         mod = kernel(workload)
-        top = db.get_top_k(db.commit_workload(mod), 1) if db.has_workload(mod) else []
+        if not db.has_workload(mod):
+            return None
+        if index:
+            lines = Path(db_dir, "database_tuning_record.json").read_text().splitlines()
+            top = [ms.database.TuningRecord.from_json(json.loads(lines[int(index)])[1], db.commit_workload(mod))]
+        else:
+            top = db.get_top_k(db.commit_workload(mod), 1)
         if not top:
             return None
         sch = tvm.s_tir.Schedule(mod)
