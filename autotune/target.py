@@ -13,7 +13,9 @@ TARGET_KINDS = {"cpu": "llvm", "llvm": "llvm", "cuda": "cuda", "gpu": "cuda"}
 
 def host_cores() -> int:
     """Cores this process may run on (its affinity mask, not the machine's total)."""
-    return len(os.sched_getaffinity(0))
+    from measure.slots import host_cores as cores
+
+    return len(cores())
 
 
 @dataclass(frozen=True)

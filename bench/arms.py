@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import sys
 import time
 from typing import Any
@@ -48,7 +49,7 @@ def stock(workload: str, trials: int, work_dir: str, warm: bool) -> dict[str, An
                                              max_trials_global=trials, builder=builder)
     wall = time.monotonic() - started
     records = db.get_all_tuning_records()
-    secs = [s for s in (_mean(r.run_secs) for r in records if r.run_secs) if s < 1e9]
+    secs = [s for s in (statistics.fmean(float(x) for x in r.run_secs) for r in records if r.run_secs) if s < 1e9]
     return {"wall_s": wall, "valid_trials": len(secs), "best_logged_s": min(secs, default=None)}
 
 
@@ -130,11 +131,6 @@ def _model_latency_curve(log: list[dict[str, Any]], weights: dict[str, int],
                 total = now
                 curve.append((m["at"] - started_at, total))
     return curve, total
-
-
-def _mean(secs: Any) -> float:
-    values = [float(s) for s in secs]
-    return sum(values) / len(values)
 
 
 if __name__ == "__main__":

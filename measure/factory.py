@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 from measure.calibration import load_calibration
 from measure.dop import DopController
 from measure.engine import ENGINES, MeasurementEngine
-from measure.slots import discover
+from measure.slots import discover, host_cores
 
 
 def create(kind: str | MeasurementEngine, *, target_kind: str, threads: int, devices: Sequence[str] | None = None,
@@ -26,14 +25,14 @@ def create(kind: str | MeasurementEngine, *, target_kind: str, threads: int, dev
     if kind == "stock":
         from measure.stock import StockEngine
 
-        return StockEngine(max_build_workers=os.cpu_count() or 1)
-    from measure.parallel import ParallelEngine
+        return StockEngine(max_build_workers=len(host_cores()))
+    from measure.parallel import EngineLimits, ParallelEngine, lanes_per_slot
 
-    max_level = len(slots) * (4 if slots[0].kind == "cuda" else 1)
+    max_level = len(slots) * lanes_per_slot(slots, EngineLimits())
     if dop == "auto":
         curve = load_calibration(slots[0], threads)
         controller = DopController.from_calibration(curve, max_level) if curve else DopController(max_level=max_level)
     else:
         level = int(dop)
         controller = DopController(max_level=level, level=level, fixed=True)
-    return ParallelEngine(slots, build_workers=len(os.sched_getaffinity(0)), controller=controller, seed=seed)
+    return ParallelEngine(slots, build_workers=len(host_cores()), controller=controller, seed=seed)

@@ -65,7 +65,7 @@ class ParallelEngine(MeasurementEngine):
         self._rng = random.Random(seed)
         self._lanes = [
             Worker(f"measure-{slot.name}-{i}", WorkerSetup(cores=slot.cores, env=_thread_env(slot.threads)))
-            for i in range(self.limits.gpu_lanes if any(s.kind == "cuda" for s in slots) else 1)
+            for i in range(lanes_per_slot(self.slots, self.limits))
             for slot in self.slots
         ]
         self.controller = controller or DopController(max_level=len(self._lanes))
@@ -248,6 +248,11 @@ class ParallelEngine(MeasurementEngine):
         for path in paths.values():
             with contextlib.suppress(OSError):
                 os.remove(path)
+
+
+def lanes_per_slot(slots: Sequence[DeviceSlot], limits: EngineLimits) -> int:
+    """Measuring processes per slot: several per GPU (they share it like DOPpler's workers), one per CPU slot."""
+    return limits.gpu_lanes if any(s.kind == "cuda" for s in slots) else 1
 
 
 def _thread_env(threads: int) -> dict[str, str]:

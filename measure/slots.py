@@ -48,6 +48,7 @@ class DeviceSlot:
 
 
 def host_cores() -> list[int]:
+    """The cores this process may run on (its affinity mask, not the machine's total)."""
     return sorted(os.sched_getaffinity(0))
 
 

@@ -87,6 +87,7 @@ def should_stop(samples: list[float], policy: TimingPolicy, best_s: float | None
 _BATCH = 2  # samples per evaluator call after the first ones: each call adds one untimed run
 _ARGS: dict[Any, list[Any]] = {}
 _RPC: dict[Any, Any] = {}
+_STREAM: list[Any] = []
 
 
 def time_candidate(artifact_path: str, slot: DeviceSlot, arg_shapes: tuple[tuple[str, tuple[int, ...]], ...],
@@ -149,9 +150,9 @@ def _arguments(device: Any, arg_shapes: tuple[tuple[str, tuple[int, ...]], ...],
 
 def _own_stream(device: Any) -> None:
     """Give this worker its own CUDA stream, so the event timer measures only its launches."""
-    if "stream" not in _RPC:
-        _RPC["stream"] = device.create_raw_stream()
-        device.set_raw_stream(_RPC["stream"])
+    if not _STREAM:
+        _STREAM.append(device.create_raw_stream())
+        device.set_raw_stream(_STREAM[0])
 
 
 def _load_remote(artifact_path: str, slot: DeviceSlot) -> tuple[Any, Any, Any]:

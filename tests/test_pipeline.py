@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import shutil
-import time
 
 import numpy as np
 import pytest
