@@ -55,11 +55,34 @@ def tune(
     dop: Annotated[str, typer.Option(help="degree of parallelism: auto (controller) or a fixed level, 0 = alone")] = "auto",
     tolerance: Annotated[float, typer.Option(help="max relative error against PyTorch")] = 1e-3,
     seed: Annotated[int, typer.Option(help="seed for weights, inputs and search")] = 0,
+    filter: Annotated[bool, typer.Option("--filter/--no-filter", help="drop proposals the latency model says "
+                                         "will not beat the task's best, before building them")] = True,
+    filter_threshold: Annotated[float, typer.Option(help="keep proposals scored at least this (1.0 = as fast as "
+                                                         "the task's best)")] = 0.9,
+    filter_keep: Annotated[float, typer.Option(help="always measure at least this share of a round (best scores)")] = 0.25,
+    filter_explore: Annotated[float, typer.Option(help="share of a round drawn at random from what would be "
+                                                       "dropped (exploration, and the drop-rate estimate)")] = 0.1,
+    filter_min_tau: Annotated[float, typer.Option(help="filter only while the model's recent rank correlation "
+                                                       "(Kendall tau) is at least this")] = 0.3,
+    preemption: Annotated[bool, typer.Option("--preemption/--no-preemption",
+                                             help="stop tasks and the job when they stop improving")] = True,
+    task_patience: Annotated[int, typer.Option(help="stop a task after more than this many rounds without gain")] = 2,
+    min_task_trials: Annotated[int, typer.Option(help="proposals a task gets before it can be stopped")] = 16,
+    model_window: Annotated[int, typer.Option(help="rounds averaged in the model-latency window")] = 2,
+    model_patience: Annotated[int, typer.Option(help="stop the job after more than this many flat windows")] = 2,
+    min_improvement: Annotated[float, typer.Option(help="a gain smaller than this share is no gain")] = 0.01,
+    warm_start: Annotated[Optional[list[Path]], typer.Option(help="start the latency model from a saved model, "
+                                                                  "tuning database, run folder or artifact (repeatable)")] = None,
+    watts_per_core: Annotated[float, typer.Option(help="power of a busy core, for the estimate where no energy "
+                                                       "counter is readable")] = 7.5,
+    price_per_hour: Annotated[Optional[float], typer.Option(help="price per device-hour: adds the job's cost "
+                                                                 "to its bill")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print only the artifact path")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary for CI")] = False,
 ) -> None:
     """Tune MODEL and write a verified, compiled, profiled artifact."""
     from autotune.config import TuneConfig
+    from autotune.policies import PolicySettings
     from autotune.pipeline import tune_model
     from autotune.progress import LiveProgress, SilentProgress
 
@@ -70,6 +93,9 @@ def tune(
             batch_sizes=_ints(batch_sizes, "--batch-sizes"), input_shape=_ints(input_shape, "--input-shape"),
             round_size=round_size, engine=engine, devices=tuple(devices.split(",")) if devices else None, dop=dop,
             tolerance=tolerance, seed=seed,
+            policies=PolicySettings(filter, filter_threshold, filter_keep, filter_explore, filter_min_tau, preemption,
+                                    task_patience, min_task_trials, model_window, model_patience, min_improvement,
+                                    watts_per_core, price_per_hour, tuple(str(p) for p in warm_start or ())),
         )
         observer = SilentProgress() if quiet or as_json else LiveProgress()
         outcome = tune_model(config, observer)
@@ -84,6 +110,10 @@ def tune(
         s = outcome.summary()
         eager = f", PyTorch eager {s['torch_eager_ms']:.3f} ms" if s["torch_eager_ms"] else ""
         print(f"tuned latency {s['tuned_ms']:.3f} ms (batch {s['batch_size']}, {s['threads']} threads){eager}")
+        label = "estimated" if s["energy_estimated"] else "measured"
+        cost = f", cost {s['cost']:.4f}" if "cost" in s else ""
+        print(f"tuning energy {s['energy_j'] / 1000:.2f} kJ ({label}), {s['device_s_measuring']:.1f} device-s measuring, "
+              f"{s['screened']} proposals screened out{cost}")
         print(f"artifact written to {outcome.artifact}")
 
 

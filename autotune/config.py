@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from autotune.errors import UsageError
+from autotune.policies import PolicySettings
 from measure.engine import ENGINES
 
 DEFAULT_TRIALS_PER_TASK = 32
@@ -37,6 +38,7 @@ class TuneConfig:
     seed: int = 0
     trial_floor: int = DEFAULT_TRIAL_FLOOR
     profile_seconds: float = 1.0
+    policies: PolicySettings = field(default_factory=PolicySettings)
 
     def __post_init__(self) -> None:
         _positive("trials", self.trials)

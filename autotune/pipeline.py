@@ -21,6 +21,7 @@ from typing import Any
 from autotune.budget import split_budget
 from autotune.config import DEFAULT_TRIALS_PER_TASK, TuneConfig
 from autotune.errors import UsageError
+from autotune.policies import COST_MODEL_DIR, Policies, build_policies
 from autotune.session import MEASUREMENTS_LOG, RANKED_DIR, SessionObserver, TaskState, TuningSession
 from results.artifact import DATABASE_DIR, PROFILE, ArtifactWriter, library_name
 from results.profile import Profile
@@ -54,6 +55,13 @@ class TuneOutcome:
             "new_trials": t["new_trials"],
             "wall_s": t["wall_s"],
             "budget_warning": t["budget_warning"],
+            "screened": t["screened"],
+            "stopped_early": t["policies"]["preemption"]["job_stopped"],
+            "energy_j": t["energy"]["energy_j"],
+            "energy_estimated": t["energy"]["estimated"],
+            "device_s_measuring": t["energy"]["device_s_measuring"],
+            "wasted_share": _share(t["energy"]["wasted"]),
+            **({"cost": t["energy"]["cost"]} if "cost" in t["energy"] else {}),
             **self.manifest["latency"],
             "max_relative_error": max(v["relative_error"] for v in self.manifest["verification"].values()),
         }
@@ -70,6 +78,10 @@ class PreparedModel:
     target: Any
     tasks: list[Any]
     plan: Any
+
+
+def _share(wasted: dict[str, Any]) -> float | None:
+    return round(wasted["measurements"] / wasted["of"], 3) if wasted["of"] else None
 
 
 def tune_model(config: TuneConfig, observer: PipelineObserver) -> TuneOutcome:
@@ -123,20 +135,33 @@ def _check_devices(config: TuneConfig, target_spec: Any) -> None:
 
 
 def _tune(config: TuneConfig, prepared: PreparedModel, observer: PipelineObserver) -> tuple[TuningSession, Any]:
-    return run_tuning(prepared.tasks, prepared.plan, prepared.target_spec, prepared.target,
+    from measure.slots import discover
+
+    spec = prepared.target_spec
+    gpus = [s.device_id for s in discover(config.devices, spec.kind, spec.num_cores) if s.kind == "cuda"]
+    warnings: list[str] = []
+    observer.on_phase("starting the latency model")
+    policies = build_policies(config.policies, prepared.target, spec.num_cores, config.seed, gpus, warnings.append)
+    return run_tuning(prepared.tasks, prepared.plan, spec, prepared.target,
                       Path(config.out_dir) / TUNING_DIR, engine=config.engine, devices=config.devices, dop=config.dop,
                       round_size=config.round_size, time_limit_s=config.time_limit_s, seed=config.seed,
-                      observer=observer)
+                      observer=observer, policies=policies, warnings=warnings)
 
 
 def run_tuning(tasks: list[Any], plan: Any, target_spec: Any, target: Any, work_dir: Path, *,
                engine: Any = "parallel", devices: Sequence[str] | None = None, dop: str = "auto",
                round_size: int = 32, time_limit_s: float | None = None, seed: int = 0,
-               observer: PipelineObserver | None = None) -> tuple[TuningSession, Any]:
-    """Tune ``tasks`` under ``plan`` with a fresh engine and latency model; return the session and the ranked database."""
-    from cost_models.latency_model import create_latency_model
+               observer: PipelineObserver | None = None, policies: Policies | None = None,
+               warnings: Sequence[str] = ()) -> tuple[TuningSession, Any]:
+    """Tune ``tasks`` under ``plan`` with a fresh engine; return the session and the ranked database.
+
+    ``policies`` (default: none, a fresh latency model) brings the latency model, candidate filter,
+    preemption and energy ledger. The trained latency model is saved under ``work_dir``.
+    """
+    from cost_models.latency_model import save_latency_model
     from measure.factory import create as create_engine
 
+    policies = policies or Policies.off(target_spec.num_cores, seed)
     if observer:
         observer.on_phase("starting measurement engine")
     measurement = create_engine(engine, target_kind=target_spec.kind, threads=target_spec.num_cores,
@@ -146,19 +171,24 @@ def run_tuning(tasks: list[Any], plan: Any, target_spec: Any, target: Any, work_
         target=target,
         device_type=target_spec.device_type,
         engine=measurement,
-        cost_model=create_latency_model(target_spec.num_cores, seed),
+        cost_model=policies.latency_model,
         work_dir=str(work_dir),
         round_size=round_size,
         time_limit_s=time_limit_s,
         num_threads=target_spec.num_cores,
         seed=seed,
         observer=observer,
-        warning=plan.warning,
+        warning="; ".join(w for w in (plan.warning, *warnings) if w) or None,
+        candidate_filter=policies.candidate_filter,
+        preemption=policies.preemption,
+        energy=policies.energy,
     )
     try:
-        return session, session.run()
+        ranked = session.run()
     finally:
         measurement.close()
+    save_latency_model(policies.latency_model, Path(work_dir) / COST_MODEL_DIR, target)
+    return session, ranked
 
 
 def _write_artifact(config: TuneConfig, prepared: PreparedModel, session: TuningSession, database: Any,
@@ -186,6 +216,7 @@ def _write_artifact(config: TuneConfig, prepared: PreparedModel, session: Tuning
         profile = profile_model(job, threads)
         profile.write(writer.path / PROFILE)
         shutil.copytree(tuning_dir / RANKED_DIR, writer.path / DATABASE_DIR, ignore=shutil.ignore_patterns("logs"))
+        shutil.copytree(tuning_dir / COST_MODEL_DIR, writer.path / COST_MODEL_DIR)
         manifest = _manifest(config, prepared, session, verification, profile, wall_s)
         plot_tuning_curve(read_measurements(tuning_dir / MEASUREMENTS_LOG), {t.name: t.weight for t in prepared.tasks},
                           writer.path / "tuning_curve.png")
@@ -230,9 +261,13 @@ def _manifest(config: TuneConfig, prepared: PreparedModel, session: TuningSessio
             "new_trials": sum(s.trials - s.resumed for s in session.states),
             "budget": sum(s.budget for s in session.states),
             "budget_warning": session.warning,
+            "screened": sum(s.screened for s in session.states),
             "wall_s": round(wall_s, 2),
+            "policies": session.policies_report(),
+            "energy": session.bill,
             "tasks": [{"name": s.task.name, "weight": s.task.weight, "flops": s.task.flops, "trials": s.trials,
-                       "errors": s.errors, "best_us": None if s.best_s == float("inf") else s.best_s * 1e6,
+                       "screened": s.screened, "stopped": s.stopped or None, "errors": s.errors,
+                       "best_us": None if s.best_s == float("inf") else s.best_s * 1e6,
                        "wall_s": round(s.wall_s, 2)} for s in session.states],
         },
         "latency": {

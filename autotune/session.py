@@ -3,8 +3,9 @@
 The session owns the tuning loop instead of MetaSchedule's task scheduler so that it
 can (1) give every task its own trial budget, (2) stop on a wall-clock limit,
 (3) resume from the database of an earlier run without re-measuring a candidate it
-already holds, and (4) hand a whole round, from all tasks, to the measurement engine
-at once. Records go to a ``JSONDatabase`` as they are measured, so a killed job loses
+already holds, (4) hand a whole round, from all tasks, to the measurement engine
+at once, and (5) apply the policies it is given: a candidate filter before anything
+is built, preemption after each round, and an energy ledger that bills the job. Records go to a ``JSONDatabase`` as they are measured, so a killed job loses
 nothing it finished. At the end, each task's top candidates are timed again in
 isolation and a ranked copy of the database (``ranked/``) carries those values: that
 is the database compilation and the artifact use.
@@ -15,14 +16,21 @@ from __future__ import annotations
 import json
 import math
 import os
+import resource
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from autotune.budget import share_out
 from autotune.tasks import Task
-from measure.engine import Candidate, Measurement, MeasurementEngine
+from cost_models.candidate_filter import CandidateFilter, MeasureAll
+from cost_models.energy import EnergyLedger
+from cost_models.latency_model import is_trained
+from cost_models.preemption import NeverPreempt, Preemption, TaskRound
+from cost_models.quality import RankQuality
+from measure.engine import Candidate, Measurement, MeasurementEngine, PhaseWork
 
 MEASUREMENTS_LOG = "measurements.jsonl"
 RANKED_DIR = "ranked"
@@ -31,20 +39,43 @@ RANKING = "ranking.json"
 
 @dataclass
 class TaskState:
-    """Progress of one task: its budget, trials measured so far (earlier runs included) and best."""
+    """Progress of one task: its budget, trials measured so far (earlier runs included) and best.
+
+    A proposal the candidate filter drops (``screened``) uses a trial of the budget without
+    being built or measured.
+    """
 
     task: Task
     budget: int
     trials: int = 0
+    screened: int = 0
     resumed: int = 0
     errors: int = 0
     best_s: float = math.inf
     wall_s: float = 0.0
     finished: bool = False
+    stopped: str = ""  # why the task ended before its budget ("" if it did not)
+
+    @property
+    def proposed(self) -> int:
+        return self.trials + self.screened
 
     @property
     def remaining(self) -> int:
-        return max(self.budget - self.trials, 0)
+        return max(self.budget - self.proposed, 0)
+
+
+@dataclass
+class _Plan:
+    """One task's part of a round: the proposals to measure, their predicted scores, which were explored."""
+
+    state: TaskState
+    ctx: Any
+    candidates: list[Any]
+    hashes: list[int]
+    scores: list[float]
+    explore: set[int]
+    trained: bool
 
 
 class SessionObserver(Protocol):
@@ -74,8 +105,17 @@ class TuningSession:
     seed: int = 0
     observer: SessionObserver | None = None
     warning: str | None = None
+    candidate_filter: CandidateFilter = field(default_factory=MeasureAll)
+    preemption: Preemption = field(default_factory=NeverPreempt)
+    energy: EnergyLedger = field(default_factory=EnergyLedger)
     ranking: dict[str, Any] = field(default_factory=dict, init=False)
     engine_report: dict[str, Any] = field(default_factory=dict, init=False)
+    bill: dict[str, Any] = field(default_factory=dict, init=False)
+    stop_reason: str = field(default="", init=False)
+    quality: RankQuality = field(default_factory=RankQuality, init=False)
+    search_work: PhaseWork = field(default_factory=PhaseWork, init=False)
+    wasted: dict[str, Any] = field(default_factory=lambda: {"measurements": 0, "of": 0, "cpu_s": 0.0, "device_s": 0.0},
+                                   init=False)
     _known: dict[str, dict[int, Measurement]] = field(default_factory=dict, init=False)
 
     def run(self) -> Any:
@@ -86,6 +126,7 @@ class TuningSession:
         from tvm.s_tir.meta_schedule.database import JSONDatabase
 
         started = time.monotonic()
+        self.energy.start()
         os.makedirs(self.work_dir, exist_ok=True)
         database = JSONDatabase(work_dir=self.work_dir)
         self._load_known(database)
@@ -93,7 +134,7 @@ class TuningSession:
             self.observer.on_tuning_start(self.states, self.warning)
         contexts = {s.task.name: self._start_task(s, database) for s in self.states if s.remaining > 0}
         with open(os.path.join(self.work_dir, MEASUREMENTS_LOG), "a", encoding="utf-8") as log:
-            while contexts and not self._out_of_time(started):
+            while contexts and not self._out_of_time(started) and not self.stop_reason:
                 self._round(contexts, database, log, started)
                 if self.observer:
                     self.observer.on_round_end(self.states, time.monotonic() - started)
@@ -103,7 +144,34 @@ class TuningSession:
             self.observer.on_phase("re-timing the best candidates in isolation")
         ranked = self._rank(database)
         self.engine_report = self.engine.report()
+        work = {"search": self.search_work, **self.engine.work}
+        self.bill = self.energy.bill({k: {"cpu_s": w.cpu_s, "device_s": w.device_s} for k, w in work.items()},
+                                     time.monotonic() - started, max(len(self.engine_report.get("slots", [])), 1),
+                                     self.wasted)
         return ranked
+
+    def model_latency_s(self) -> float:
+        """The model's estimated latency: the sum of weight x best over its tasks (inf until each has a best)."""
+        return sum(s.task.weight * s.best_s for s in self.states)
+
+    def policies_report(self) -> dict[str, Any]:
+        """What the filter, the preemption and the latency model did, for the manifest."""
+        return {
+            "filter": self.candidate_filter.report(),
+            "preemption": {**self.preemption.report(), "job_stopped": self.stop_reason or None,
+                           "tasks_stopped": {s.task.name: s.stopped for s in self.states if s.stopped}},
+            "latency_model": self.quality.report(),
+        }
+
+    @contextmanager
+    def _searching(self) -> Iterator[None]:
+        """Count the tuning process's CPU time (search and latency-model training) as the search phase."""
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        try:
+            yield
+        finally:
+            after = resource.getrusage(resource.RUSAGE_SELF)
+            self.search_work.add((after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime))
 
     def _out_of_time(self, started: float) -> bool:
         return self.time_limit_s is not None and time.monotonic() - started >= self.time_limit_s
@@ -132,58 +200,86 @@ class TuningSession:
         return ctx
 
     def _round(self, contexts: dict[str, Any], database: Any, log: Any, started: float) -> None:
-        """Ask every live task for candidates, measure the new ones in one engine call, report back."""
-        import tvm_ffi
-
-        proposals: list[tuple[TaskState, Any, list[Any], list[int]]] = []
+        """Ask every live task for candidates, filter them, measure the new ones in one engine call, report back."""
+        plans = [p for p in (self._propose(s, contexts) for s in self.states if s.task.name in contexts) if p]
         fresh: list[Candidate] = []
-        for state in self.states:
-            ctx = contexts.get(state.task.name)
-            if ctx is None:
-                continue
-            t0 = time.monotonic()
-            candidates = list(ctx.generate_measure_candidates() or [])[: state.remaining]
-            state.wall_s += time.monotonic() - t0
-            if not candidates:
-                self._finish(state, contexts)
-                continue
-            hashes = [tvm_ffi.structural_hash(c.sch.mod) for c in candidates]
-            known = self._known.setdefault(state.task.name, {})
-            for c, h in zip(candidates, hashes):
-                if h not in known:
-                    fresh.append(Candidate(c.sch.mod, c.args_info, state.task.name))
-            proposals.append((state, ctx, candidates, hashes))
+        for plan in plans:
+            known = self._known.setdefault(plan.state.task.name, {})
+            fresh += [Candidate(c.sch.mod, c.args_info, plan.state.task.name)
+                      for c, h in zip(plan.candidates, plan.hashes) if h not in known]
         t0 = time.monotonic()
         measured = iter(self.engine.measure(self.target, self.device_type, fresh) if fresh else [])
         engine_s = time.monotonic() - t0
-        for state, ctx, candidates, hashes in proposals:
-            state.wall_s += engine_s * len(candidates) / max(len(fresh), 1)
-            results = self._collect(state, ctx, candidates, hashes, measured, database, log, started)
-            self.cost_model.update(ctx, candidates, results)
-            ctx.notify_runner_results(candidates, results)
+        rounds = []
+        for plan in plans:
+            state, ctx = plan.state, plan.ctx
+            best_before = state.best_s
+            state.wall_s += engine_s * len(plan.candidates) / max(len(fresh), 1)
+            results, latencies, improved = self._collect(plan, measured, database, log, started)
+            with self._searching():
+                self.cost_model.update(ctx, plan.candidates, results)
+            ctx.notify_runner_results(plan.candidates, results)
+            self.quality.record(state.task.name, plan.scores, latencies, plan.trained)
+            for i in plan.explore:
+                self.candidate_filter.record_explored(improved[i])
+            rounds.append(TaskRound(state.task.name, best_before, state.best_s, state.proposed))
             if state.remaining == 0:
                 self._finish(state, contexts)
+        decision = self.preemption.after_round(rounds, self.model_latency_s())
+        for state in self.states:
+            why = decision.stop_tasks.get(state.task.name) or decision.stop_job
+            if why and state.task.name in contexts:
+                state.stopped = why
+                self._finish(state, contexts)
+        self.stop_reason = decision.stop_job
+
+    def _propose(self, state: TaskState, contexts: dict[str, Any]) -> _Plan | None:
+        """The task's proposals for this round that the filter lets through, with the model's scores."""
+        import tvm_ffi
+
+        ctx = contexts[state.task.name]
+        t0 = time.monotonic()
+        trained = is_trained(self.cost_model)
+        with self._searching():
+            candidates = list(ctx.generate_measure_candidates() or [])[: state.remaining]
+            scores = [float(x) for x in self.cost_model.predict(ctx, candidates)] if candidates else []
+        state.wall_s += time.monotonic() - t0
+        if not candidates:
+            self._finish(state, contexts)
+            return None
+        selection = self.candidate_filter.select(scores, trained, self.quality.recent_tau())
+        state.screened += len(selection.dropped)
+        kept = [candidates[i] for i in selection.measure]
+        position = {i: k for k, i in enumerate(selection.measure)}
+        return _Plan(state, ctx, kept, [tvm_ffi.structural_hash(c.sch.mod) for c in kept],
+                     [scores[i] for i in selection.measure], {position[i] for i in selection.explore}, trained)
 
     def _finish(self, state: TaskState, contexts: dict[str, Any]) -> None:
-        """End a task; trials its search could not use go to the tasks still searching, by work share."""
+        """End a task; trials it did not use go to the tasks still searching, by work share."""
         state.finished = True
         contexts.pop(state.task.name).post_tuning()
-        leftover, state.budget = state.remaining, state.trials
+        leftover, state.budget = state.remaining, state.proposed
         live = [s for s in self.states if s.task.name in contexts]
         if leftover and live:
             for s, extra in zip(live, share_out(leftover, [s.task.share for s in live])):
                 s.budget += extra
 
-    def _collect(self, state: TaskState, ctx: Any, candidates: list[Any], hashes: list[int],
-                 measured: Any, database: Any, log: Any, started: float) -> list[Any]:
-        """Runner results for ``candidates``: fresh ones are committed and logged, known ones reused."""
+    def _collect(self, plan: _Plan, measured: Any, database: Any, log: Any,
+                 started: float) -> tuple[list[Any], list[float], list[bool]]:
+        """Runner results, latencies and "improved the task's best" for ``plan``'s candidates.
+
+        Fresh candidates are committed, logged and billed (as wasted when they improved
+        nothing); candidates measured in an earlier round or run are reused.
+        """
         from tvm.s_tir.meta_schedule.database import TuningRecord
         from tvm.s_tir.meta_schedule.runner import RunnerResult
 
+        state = plan.state
         known = self._known[state.task.name]
         workload = database.commit_workload(state.task.mod)
-        results = []
-        for candidate, h in zip(candidates, hashes):
+        results, latencies, improved = [], [], []
+        for candidate, h in zip(plan.candidates, plan.hashes):
+            better = False
             if h in known:
                 m = known[h]
             else:
@@ -192,17 +288,25 @@ class TuningSession:
                 database.commit_tuning_record(
                     TuningRecord(candidate.sch.trace, workload, secs, self.target, candidate.args_info)
                 )
+                better = m.latency < state.best_s
                 state.trials += 1
                 state.errors += 0 if m.ok else 1
                 state.best_s = min(state.best_s, m.latency)
+                self.wasted["of"] += 1
+                if not better:
+                    self.wasted["measurements"] += 1
+                    self.wasted["cpu_s"] += m.cpu_s
+                    self.wasted["device_s"] += m.device_s
                 log.write(json.dumps({
                     "task": state.task.name, "trial": state.trials, "latency_s": None if not m.ok else m.latency,
                     "error": m.error, "elapsed_s": round(time.monotonic() - started, 3),
-                    "at": round(m.at or time.time(), 3),
+                    "at": round(m.at or time.time(), 3), "improved": better,
                 }) + "\n")
             results.append(RunnerResult([m.latency], None) if m.ok else RunnerResult(None, m.error))
+            latencies.append(m.latency)
+            improved.append(better)
         log.flush()
-        return results
+        return results, latencies, improved
 
     def _records_by_task(self, database: Any) -> dict[str, list[Any]]:
         """The database's tuning records, grouped by the task whose workload they tune."""

@@ -1,29 +1,199 @@
-"""The latency model that ranks candidates for the evolutionary search.
+"""The latency model that ranks candidates for the evolutionary search and for the candidate filter.
 
 MetaSchedule's XGBoost model on its per-store features (164 per buffer store),
-trained online on normalised throughput. One model is shared by all tasks of a
-session, as in stock MetaSchedule, so what it learns on one kernel helps the next.
+trained online on normalised throughput: a prediction of 1.0 means "as fast as the
+best measured so far for this kernel", above 1.0 "faster". One model is shared by all
+tasks of a session, so what it learns on one kernel helps the next.
+
+A model is saved with what it was trained on, in a format that loads without pickle
+(the stock ``XGBModel.save`` writes a pickled NumPy object array, which would run
+code from whoever wrote the file). A saved model, or an earlier tuning database,
+starts the next job warm, so its first rounds are not random guesses.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 
-def create_latency_model(num_cores: int, seed: int = 0) -> Any:
-    """A fresh XGBoost latency model using ``num_cores`` threads for training."""
+FEATURE_LENGTH = 164  # PerStoreFeature's length per buffer store in TVM 0.27
+FORMAT = "autotune-latency-model/1"
+META, BOOSTER, DATA = "meta.json", "booster.json", "data.npz"
+
+
+class CostModelRefused(Exception):
+    """A saved model or database that cannot start this job's model; the message says why."""
+
+
+def create_latency_model(num_cores: int, seed: int = 0, warmup_samples: int = 100) -> Any:
+    """A fresh XGBoost latency model using ``num_cores`` threads for training.
+
+    Until it holds ``warmup_samples`` measurements it returns random scores (MetaSchedule's default).
+    """
     from tvm.s_tir.meta_schedule.cost_model import XGBModel
+    from tvm.s_tir.meta_schedule.cost_model.xgb_model import XGBConfig
     from tvm.s_tir.meta_schedule.feature_extractor import PerStoreFeature
 
     return XGBModel(
         extractor=PerStoreFeature(),
         adaptive_training=True,
         num_tuning_cores=num_cores,
-        config=_xgb_config(seed),
+        num_warmup_samples=warmup_samples,
+        config=XGBConfig(seed=seed),
     )
 
 
-def _xgb_config(seed: int) -> Any:
-    from tvm.s_tir.meta_schedule.cost_model.xgb_model import XGBConfig
+def target_key(target: Any) -> str:
+    """What a model's measurements are only valid for: the target kind and its CPU or GPU model."""
+    attrs = dict(target.attrs)
+    return f"{target.kind.name}:{attrs.get('mcpu') or attrs.get('arch') or 'generic'}"
 
-    return XGBConfig(seed=seed)
+
+def is_trained(model: Any) -> bool:
+    """Whether the model predicts from data (before ``num_warmup_samples`` it returns random scores)."""
+    inner = model._inst
+    return inner.booster is not None and inner.data_size >= inner.num_warmup_samples
+
+
+def samples(model: Any) -> int:
+    return int(model._inst.data_size)
+
+
+def save_latency_model(model: Any, path: str | Path, target: Any) -> None:
+    """Write the model and its training data to the folder ``path``, atomically."""
+    inner = model._inst
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        groups = list(inner.data.values())
+        rows = [f for g in groups for f in g.features]
+        np.savez(
+            staging / DATA,
+            group_hashes=np.array([g.group_hash for g in groups], dtype=str),
+            group_sizes=np.array([len(g.costs) for g in groups], dtype=np.int64),
+            costs=np.concatenate([np.asarray(g.costs, dtype=np.float32) for g in groups]) if groups else np.zeros(0),
+            store_counts=np.array([len(f) for f in rows], dtype=np.int64),
+            features=np.concatenate(rows) if rows else np.zeros((0, FEATURE_LENGTH), dtype=np.float32),
+        )
+        if inner.booster is not None:
+            inner.booster.save_model(str(staging / BOOSTER))
+        import xgboost
+
+        (staging / META).write_text(json.dumps({
+            "format": FORMAT, "target": target_key(target), "feature_length": FEATURE_LENGTH,
+            "samples": int(inner.data_size), "groups": len(groups), "xgboost": xgboost.__version__,
+        }, indent=2))
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(staging, path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def load_latency_model(path: str | Path, target: Any, num_cores: int, seed: int = 0) -> Any:
+    """A model restored from ``path``.
+
+    Raises:
+        CostModelRefused: the folder is not a saved model, is corrupt, or was saved for another
+            target or another feature length.
+    """
+    path = Path(path)
+    try:
+        meta = json.loads((path / META).read_text())
+    except (OSError, ValueError) as err:
+        raise CostModelRefused(f"{path} is not a saved latency model ({META}: {err})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CostModelRefused(f"{path}: format {meta.get('format') if isinstance(meta, dict) else meta!r}; expected {FORMAT}")
+    if meta.get("target") != target_key(target):
+        raise CostModelRefused(f"{path} was trained for {meta.get('target')}; this job tunes for {target_key(target)}")
+    if meta.get("feature_length") != FEATURE_LENGTH:
+        raise CostModelRefused(f"{path} has {meta.get('feature_length')} features per store; "
+                               f"this TVM extracts {FEATURE_LENGTH}")
+    try:
+        with np.load(path / DATA, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+        model = create_latency_model(num_cores, seed)
+        _restore(model, arrays)
+        if (path / BOOSTER).exists():
+            import xgboost
+
+            booster = xgboost.Booster()
+            booster.load_model(str(path / BOOSTER))
+            model._inst.booster = booster
+    except (OSError, ValueError, KeyError, IndexError) as err:
+        raise CostModelRefused(f"{path} is corrupt ({type(err).__name__}: {err})") from None
+    except Exception as err:  # noqa: BLE001  xgboost raises its own XGBoostError for a damaged booster
+        raise CostModelRefused(f"{path} is corrupt ({type(err).__name__}: {str(err).splitlines()[0]})") from None
+    return model
+
+
+def _restore(model: Any, arrays: dict[str, np.ndarray]) -> None:
+    from tvm.s_tir.meta_schedule.cost_model.xgb_model import FeatureGroup
+
+    features, counts = arrays["features"], arrays["store_counts"]
+    if features.ndim != 2 or features.shape[1] != FEATURE_LENGTH or counts.sum() != len(features):
+        raise ValueError(f"feature table of shape {features.shape} does not match {int(counts.sum())} stores")
+    rows = np.split(features.astype(np.float32), np.cumsum(counts)[:-1]) if len(counts) else []
+    costs, sizes = arrays["costs"], arrays["group_sizes"]
+    if sizes.sum() != len(rows) or len(costs) != len(rows):
+        raise ValueError("group sizes, costs and candidates disagree")
+    inner, start = model._inst, 0
+    for group_hash, size in zip(arrays["group_hashes"], sizes):
+        end = start + int(size)
+        inner.data[str(group_hash)] = FeatureGroup(str(group_hash), list(rows[start:end]), costs[start:end])
+        start = end
+    inner.data_size = inner.last_train_size = len(rows)
+
+
+def warm_start_from_databases(model: Any, database_dirs: Sequence[str | Path], target: Any, num_threads: int) -> int:
+    """Train ``model`` on the measured records of earlier tuning databases for the same target.
+
+    Returns how many records it learned from.
+
+    Raises:
+        CostModelRefused: a folder holds no tuning database, or none of its records is for this target.
+    """
+    import tvm_ffi
+    from tvm.s_tir import Schedule
+    from tvm.s_tir.meta_schedule import TuneContext
+    from tvm.s_tir.meta_schedule.database import JSONDatabase
+    from tvm.s_tir.meta_schedule.runner import RunnerResult
+    from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate
+
+    learned = 0
+    for folder in database_dirs:
+        folder = Path(folder)
+        records_file, workloads_file = folder / "database_tuning_record.json", folder / "database_workload.json"
+        if not (records_file.is_file() and workloads_file.is_file()):
+            raise CostModelRefused(f"{folder} holds no tuning database (database_tuning_record.json and "
+                                   "database_workload.json)")
+        try:
+            db = JSONDatabase(path_workload=str(workloads_file), path_tuning_record=str(records_file))
+            records = db.get_all_tuning_records()
+        except Exception as err:  # noqa: BLE001  TVM raises its own errors for a damaged file
+            raise CostModelRefused(f"{folder}: tuning database is corrupt ({str(err).splitlines()[0]})") from None
+        by_workload: dict[int, list[Any]] = {}
+        for r in records:
+            if r.run_secs and r.target is not None and target_key(r.target) == target_key(target):
+                by_workload.setdefault(tvm_ffi.structural_hash(r.workload.mod), []).append(r)
+        if not by_workload:
+            raise CostModelRefused(f"{folder} has no measured records for {target_key(target)}")
+        for group in by_workload.values():
+            mod = group[0].workload.mod
+            ctx = TuneContext(mod=mod, target=target, num_threads=num_threads)
+            candidates, results = [], []
+            for r in group:
+                sch = Schedule(mod)
+                r.trace.apply_to_schedule(sch, remove_postproc=False)
+                candidates.append(MeasureCandidate(sch, r.args_info))
+                results.append(RunnerResult([float(s) for s in r.run_secs], None))
+            model.update(ctx, candidates, results)
+            learned += len(candidates)
+    return learned

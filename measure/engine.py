@@ -39,6 +39,8 @@ class Measurement:
     isolated: bool = False  # timed alone (or re-timed alone to verify a parallel value)
     at: float | None = None  # wall-clock time (time.time()) the value was known
     stop: str = ""  # why timing stopped (see ``measure.timing.Timing``)
+    device_s: float = 0.0  # seconds the device slot was busy with this candidate (load and timing)
+    cpu_s: float = 0.0  # CPU-seconds its build and its timing cost on the host
 
     @property
     def ok(self) -> bool:
@@ -50,10 +52,34 @@ class Measurement:
         return statistics.median(self.run_secs) if self.ok and self.run_secs else math.inf
 
 
+PHASES = ("build", "measure", "verification")
+
+
+@dataclass
+class PhaseWork:
+    """Work done in one phase: host CPU-seconds, seconds a device was busy, and how many jobs."""
+
+    cpu_s: float = 0.0
+    device_s: float = 0.0
+    jobs: int = 0
+
+    def add(self, cpu_s: float, device_s: float = 0.0) -> None:
+        self.cpu_s += cpu_s
+        self.device_s += device_s
+        self.jobs += 1
+
+
 class MeasurementEngine(ABC):
-    """Builds and times candidates for one target."""
+    """Builds and times candidates for one target.
+
+    ``work`` counts what building, measuring and verification (re-timing alone, final
+    ranking included) cost, for the tuning job's energy bill.
+    """
 
     name: str = "engine"
+
+    def __init__(self) -> None:
+        self.work: dict[str, PhaseWork] = {phase: PhaseWork() for phase in PHASES}
 
     @abstractmethod
     def measure(self, target: Any, device_type: str, candidates: Sequence[Candidate]) -> list[Measurement]:

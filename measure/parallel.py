@@ -15,6 +15,7 @@ garbage kills only its worker, which is replaced on its next job.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import queue
 import random
@@ -58,6 +59,7 @@ class ParallelEngine(MeasurementEngine):
                  timer: Callable[..., Timing] = time_candidate, seed: int = 0) -> None:
         if not slots:
             raise ValueError("the parallel engine needs at least one device slot")
+        super().__init__()
         self.slots = list(slots)
         self.timing = timing or TimingPolicy()
         self.limits = limits or EngineLimits()
@@ -100,10 +102,11 @@ class ParallelEngine(MeasurementEngine):
     def measure_isolated(self, target: Any, device_type: str, candidates: Sequence[Candidate]) -> list[Measurement]:
         built = self._build_all(target, candidates)
         results: list[Measurement] = []
-        for c, (path, err) in zip(candidates, built):
+        for c, (path, err, _) in zip(candidates, built):
             results.append(Measurement(error=f"build: {err}") if path is None else
-                           self._time(self._lanes[0], c, path, self.timing.isolated(), isolated=True)[0])
-        self._remove({i: p for i, (p, _) in enumerate(built) if p})
+                           self._time(self._lanes[0], c, path, self.timing.isolated(), isolated=True,
+                                      phase="verification")[0])
+        self._remove({i: p for i, (p, _, _) in enumerate(built) if p})
         return results
 
     def measure_at(self, level: int, target: Any, candidates: Sequence[Candidate]) -> list[Measurement]:
@@ -152,35 +155,40 @@ class ParallelEngine(MeasurementEngine):
         paths: dict[int, str] = {}
         builds = {self._build_pool.submit(self._build, target, c): i for i, c in enumerate(candidates)}
         runs: dict[Future, int] = {}
+        build_cpu: dict[int, float] = {}
         for done in as_completed(builds):
             i = builds[done]
-            path, err = done.result()
+            path, err, build_cpu[i] = done.result()
             if path is None:
-                results[i] = Measurement(error=f"build: {err}")
+                results[i] = Measurement(error=f"build: {err}", cpu_s=build_cpu[i])
                 continue
             paths[i] = path
             runs[self._lane_pool.submit(self._on_free_lane, lanes, candidates[i], path, level)] = i
         timeouts = 0
         for done in as_completed(runs):
             measurement, timed_out = done.result()
-            results[runs[done]] = measurement
+            i = runs[done]
+            results[i] = dataclasses.replace(measurement, cpu_s=measurement.cpu_s + build_cpu[i])
             timeouts += timed_out
         assert all(r is not None for r in results)
         return results, paths, timeouts  # type: ignore[return-value]
 
-    def _build(self, target: Any, candidate: Candidate) -> tuple[str | None, str | None]:
+    def _build(self, target: Any, candidate: Candidate) -> tuple[str | None, str | None, float]:
+        """(library path or None, build error or None, the build's CPU-seconds)."""
         builder = self._free_builders.get()
         try:
             path = builder.call(build_candidate, (candidate.mod, target, self._dir), self.limits.build_timeout_s)
             self.counts["built"] += 1
-            return path, None
+            return path, None, builder.last_cost.cpu_s
         except WorkerFault as fault:
             self.counts[f"build_{fault.kind}"] += 1
-            return None, str(fault)
+            return None, str(fault), builder.last_cost.cpu_s
         finally:
+            with self._lock:
+                self.work["build"].add(builder.last_cost.cpu_s)
             self._free_builders.put(builder)
 
-    def _build_all(self, target: Any, candidates: Sequence[Candidate]) -> list[tuple[str | None, str | None]]:
+    def _build_all(self, target: Any, candidates: Sequence[Candidate]) -> list[tuple[str | None, str | None, float]]:
         return list(self._build_pool.map(lambda c: self._build(target, c), candidates))
 
     def _on_free_lane(self, lanes: queue.Queue[Worker], candidate: Candidate, path: str,
@@ -188,15 +196,15 @@ class ParallelEngine(MeasurementEngine):
         lane = lanes.get()
         try:
             return self._time(lane, candidate, path, self.timing, self._best.get(candidate.task),
-                              isolated=level == 0, level=level)
+                              isolated=level == 0, level=level, phase="measure")
         finally:
             lanes.put(lane)
 
     def _time(self, lane: Worker, candidate: Candidate, path: str, policy: TimingPolicy, best: float | None = None,
-              *, isolated: bool, level: int = 0) -> tuple[Measurement, bool]:
+              *, isolated: bool, phase: str, level: int = 0) -> tuple[Measurement, bool]:
         """Time one built candidate on ``lane`` (``best``: its task's best so far, for early stops).
 
-        Returns the measurement and whether it timed out.
+        Returns the measurement and whether it timed out; its cost goes to ``phase``'s work.
         """
         slot = self._slot_of(lane)
         pause = self._builders.paused() if isolated else contextlib.nullcontext()
@@ -206,18 +214,30 @@ class ParallelEngine(MeasurementEngine):
                                    self.limits.run_timeout(level) * (2 if isolated else 1))
         except WorkerFault as fault:
             self.counts[f"run_{fault.kind}"] += 1
-            return Measurement(error=f"run: {fault}", slot=slot.name), fault.kind == "timeout"
-        m = Measurement(run_secs=tuple(timing.run_secs), slot=slot.name, isolated=isolated, at=time.time(),
-                        stop=timing.stop)
+            return self._costed(Measurement(error=f"run: {fault}", slot=slot.name), lane, phase), fault.kind == "timeout"
+        finally:
+            with self._lock:
+                self.work[phase].add(lane.last_cost.cpu_s, lane.last_cost.wall_s)
+        m = self._costed(Measurement(run_secs=tuple(timing.run_secs), slot=slot.name, isolated=isolated,
+                                     at=time.time(), stop=timing.stop), lane, phase)
         if not m.ok:
             self.counts["run_garbage"] += 1
-            return Measurement(error=f"run: invalid timings {list(timing.run_secs)[:5]}", slot=slot.name), False
+            return self._costed(Measurement(error=f"run: invalid timings {list(timing.run_secs)[:5]}", slot=slot.name),
+                                lane, phase), False
         self.counts["measured"] += 1
         self.counts[f"stop_{timing.stop}"] += 1
         with self._lock:
             if m.latency < self._best.get(candidate.task, math.inf):
                 self._best[candidate.task] = m.latency
         return m, False
+
+    @staticmethod
+    def _costed(m: Measurement, lane: Worker, phase: str) -> Measurement:
+        """``m`` with the device time and CPU time its timing took (tuning measurements only: a re-timing's
+        cost belongs to verification, not to the candidate)."""
+        if phase != "measure":
+            return m
+        return dataclasses.replace(m, device_s=lane.last_cost.wall_s, cpu_s=lane.last_cost.cpu_s)
 
     def _slot_of(self, lane: Worker) -> DeviceSlot:
         return self.slots[self._lanes.index(lane) % len(self.slots)]
@@ -228,18 +248,18 @@ class ParallelEngine(MeasurementEngine):
         picked = pick_for_verification(parallel, self._rng)
         pairs = []
         for i in picked:
-            iso, _ = self._time(self._lanes[0], candidates[i], paths[i], self.timing.isolated(), isolated=True)
+            iso, _ = self._time(self._lanes[0], candidates[i], paths[i], self.timing.isolated(), isolated=True,
+                                phase="verification")
             if iso.ok:
                 pairs.append((parallel[i], iso.latency))
-                results[i] = iso
+                results[i] = dataclasses.replace(iso, device_s=results[i].device_s, cpu_s=results[i].cpu_s)
         self.counts["verified"] += len(pairs)
         if not pairs:
             return None
         check = Verification.compare(pairs)
         for i in parallel.keys() - set(picked):
             m = results[i]
-            results[i] = Measurement(tuple(check.corrected(s) for s in m.run_secs or ()), slot=m.slot, at=m.at,
-                                     stop=m.stop)
+            results[i] = dataclasses.replace(m, run_secs=tuple(check.corrected(s) for s in m.run_secs or ()))
         return check.error
 
     def _remove(self, paths: dict[int, str]) -> None:

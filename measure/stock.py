@@ -7,11 +7,14 @@ every build hits the 30 s timeout on a 2-core machine with torch installed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import resource
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from measure.engine import Candidate, Measurement, MeasurementEngine
 from measure.tvm_import import import_meta_schedule
+from measure.workers import CallCost
 
 
 class StockEngine(MeasurementEngine):
@@ -20,6 +23,7 @@ class StockEngine(MeasurementEngine):
     name = "stock"
 
     def __init__(self, max_build_workers: int, build_timeout_s: float = 60.0, run_timeout_s: float = 30.0) -> None:
+        super().__init__()
         ms = import_meta_schedule()
         self._builder = ms.builder.LocalBuilder(
             max_workers=max_build_workers, timeout_sec=build_timeout_s, initializer=import_meta_schedule
@@ -30,23 +34,29 @@ class StockEngine(MeasurementEngine):
         from tvm.s_tir.meta_schedule.builder import BuilderInput
         from tvm.s_tir.meta_schedule.runner import RunnerInput
 
-        built = self._builder.build([BuilderInput(c.mod, target) for c in candidates])
+        built, build_cost = _with_children_cost(self._builder.build, [BuilderInput(c.mod, target) for c in candidates])
         runnable = [
             RunnerInput(b.artifact_path, device_type, c.args_info)
             for b, c in zip(built, candidates)
             if b.error_msg is None
         ]
-        futures = iter(self._runner.run(runnable))
+        runs, run_cost = _with_children_cost(lambda r: [f.result() for f in self._runner.run(r)], runnable)
+        self.work["build"].add(build_cost.cpu_s)
+        self.work["measure"].add(run_cost.cpu_s, run_cost.wall_s)
+        # The stock runner times candidates one after another in one process: each gets an equal share.
+        share = CallCost(run_cost.wall_s / max(len(runs), 1), (build_cost.cpu_s + run_cost.cpu_s) / max(len(built), 1))
+        futures = iter(runs)
         results = []
         for b in built:
             if b.error_msg is not None:
-                results.append(Measurement(error=f"build: {b.error_msg}"))
+                results.append(Measurement(error=f"build: {b.error_msg}", cpu_s=share.cpu_s))
                 continue
-            r = next(futures).result()
+            r = next(futures)
             if r.error_msg is not None:
-                results.append(Measurement(error=f"run: {r.error_msg}"))
+                results.append(Measurement(error=f"run: {r.error_msg}", device_s=share.wall_s, cpu_s=share.cpu_s))
             else:
-                results.append(Measurement(run_secs=tuple(float(s) for s in r.run_secs)))
+                results.append(Measurement(run_secs=tuple(float(s) for s in r.run_secs), device_s=share.wall_s,
+                                           cpu_s=share.cpu_s))
         self._remove_artifacts(built)
         return results
 
@@ -58,3 +68,13 @@ class StockEngine(MeasurementEngine):
         for b in built:
             if b.artifact_path:
                 shutil.rmtree(os.path.dirname(b.artifact_path), ignore_errors=True)
+
+
+
+def _with_children_cost(fn: Callable[[Any], Any], arg: Any) -> tuple[Any, CallCost]:
+    """``fn(arg)``, its wall time and the CPU time of the child processes it started and reaped (stock's pools)."""
+    before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
+    result = fn(arg)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return result, CallCost(time.monotonic() - started, cpu)

@@ -65,6 +65,25 @@ def _exit_with_parent(parent: int) -> None:
     os._exit(0)
 
 
+@dataclass(frozen=True)
+class CallCost:
+    """What one call cost: wall seconds in the child and the child's CPU-seconds (all its threads)."""
+
+    wall_s: float
+    cpu_s: float
+
+
+def _cpu_seconds(pid: int | None) -> float:
+    """User + system CPU time of process ``pid`` so far (0 when it is gone)."""
+    import psutil
+
+    try:
+        times = psutil.Process(pid).cpu_times() if pid else None
+    except psutil.Error:
+        times = None
+    return times.user + times.system if times else 0.0
+
+
 class Worker:
     """One warm child process; ``call`` runs a picklable function in it."""
 
@@ -75,6 +94,7 @@ class Worker:
         self._paused = threading.Event()
         self._lock = threading.RLock()
         self.replaced = 0
+        self.last_cost = CallCost(0.0, 0.0)
 
     @property
     def pid(self) -> int | None:
@@ -97,9 +117,14 @@ class Worker:
         """
         with self._lock:
             self.start()
+            cpu_before, wall_before = _cpu_seconds(self.pid), time.monotonic()
             self._popen.send(fn, tuple(args))
             proc = self._popen._proc
-            self._wait_readable(timeout_s)
+            try:
+                self._wait_readable(timeout_s)
+            finally:
+                cpu_after = _cpu_seconds(self.pid) if self._popen.is_alive() else cpu_before
+                self.last_cost = CallCost(time.monotonic() - wall_before, max(cpu_after - cpu_before, 0.0))
             try:
                 return self._popen.recv()
             except ChildProcessError:

@@ -56,6 +56,20 @@ def plot_tuning_curve(measurements: Sequence[dict[str, Any]], weights: dict[str,
     plt.close(fig)
 
 
+def energy_table(bill: dict[str, Any]) -> list[str]:
+    """The tuning job's bill as Markdown lines: energy per phase, its method, waste and cost."""
+    method = bill["method"]["cpu"] + (f"; {bill['method']['gpu']}" if bill["method"].get("gpu") else "")
+    wasted = bill["wasted"]
+    share = f"{wasted['measurements'] / wasted['of']:.0%}" if wasted["of"] else "-"
+    lines = [f"Tuning energy {bill['energy_j'] / 1000:.2f} kJ ({method}).",
+             f"Measurements that never improved a task's best: {wasted['measurements']} of {wasted['of']} ({share}), "
+             f"{wasted['energy_j'] / 1000:.2f} kJ." + (f" Cost: {bill['cost']:.4f}." if "cost" in bill else ""),
+             "", "| phase | CPU-s | device-s | energy (kJ) |", "| --- | ---: | ---: | ---: |"]
+    for name, p in bill["phases"].items():
+        lines.append(f"| {name} | {p['cpu_s']:.1f} | {p['device_s']:.1f} | {p['energy_j'] / 1000:.2f} |")
+    return lines
+
+
 def write_summary(path: Path, manifest: dict[str, Any], profile: Profile) -> None:
     """A Markdown page: what was tuned, how well, and how fast the result runs."""
     tuning = manifest["tuning"]
@@ -68,10 +82,14 @@ def write_summary(path: Path, manifest: dict[str, Any], profile: Profile) -> Non
     ]
     if tuning.get("budget_warning"):
         lines += [f"> Warning: {tuning['budget_warning']}", ""]
-    lines += ["| task | weight | MFLOP | trials | best (us) |", "| --- | ---: | ---: | ---: | ---: |"]
+    lines += ["| task | weight | MFLOP | measured | screened out | stopped | best (us) |",
+              "| --- | ---: | ---: | ---: | ---: | --- | ---: |"]
     for t in tuning["tasks"]:
         best = "-" if t["best_us"] is None else f"{t['best_us']:.1f}"
-        lines.append(f"| {t['name']} | {t['weight']} | {t['flops'] / 1e6:.2f} | {t['trials']} | {best} |")
+        lines.append(f"| {t['name']} | {t['weight']} | {t['flops'] / 1e6:.2f} | {t['trials']} | {t.get('screened', 0)} "
+                     f"| {t.get('stopped') or '-'} | {best} |")
+    if tuning.get("energy"):
+        lines += ["", *energy_table(tuning["energy"])]
     lines += ["", "| threads | batch | tuned p50 (ms) | tuned p99 (ms) | PyTorch eager p50 (ms) | items/s |",
               "| ---: | ---: | ---: | ---: | ---: | ---: |"]
     for e in profile.entries:

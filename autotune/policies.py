@@ -1,0 +1,133 @@
+"""The policies a tuning session is handed: latency model, candidate filter, preemption, energy ledger.
+
+``PolicySettings`` is what the command line says (checked when the job is configured,
+before anything loads); ``build_policies`` turns it into the objects, starting the
+latency model warm from earlier runs when asked. A saved model or database that
+cannot be used is refused with its reason, and tuning goes on with a fresh model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import UsageError
+from cost_models.candidate_filter import CandidateFilter, MeasureAll, TrimmerFilter
+from cost_models.energy import DEFAULT_WATTS_PER_CORE, EnergyLedger, cpu_meter, gpu_meter
+from cost_models.preemption import NeverPreempt, PlateauPreemption, Preemption
+
+COST_MODEL_DIR = "cost_model"
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    """Filter, preemption and billing settings; every threshold is a ``tune`` flag."""
+
+    filter: bool = True
+    filter_threshold: float = 0.9
+    filter_keep: float = 0.25
+    filter_explore: float = 0.1
+    filter_min_tau: float = 0.3
+    preemption: bool = True
+    task_patience: int = 2
+    min_task_trials: int = 16
+    model_window: int = 2
+    model_patience: int = 2
+    min_improvement: float = 0.01
+    watts_per_core: float = DEFAULT_WATTS_PER_CORE
+    price_per_hour: float | None = None
+    warm_start: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        try:
+            self.candidate_filter(0)
+            self.preemption_policy()
+            EnergyLedger(watts_per_core=self.watts_per_core, price_per_device_hour=self.price_per_hour)
+        except ValueError as err:
+            raise UsageError(str(err)) from None
+        for path in self.warm_start:
+            if not Path(path).exists():
+                raise UsageError(f"--warm-start {path} does not exist; expected a saved latency model, a tuning "
+                                 "database folder, a run folder or an artifact")
+
+    def candidate_filter(self, seed: int) -> CandidateFilter:
+        if not self.filter:
+            return MeasureAll()
+        return TrimmerFilter(self.filter_threshold, self.filter_keep, self.filter_explore, self.filter_min_tau, seed)
+
+    def preemption_policy(self) -> Preemption:
+        if not self.preemption:
+            return NeverPreempt()
+        return PlateauPreemption(self.task_patience, self.min_task_trials, self.model_window, self.model_patience,
+                                 self.min_improvement)
+
+
+@dataclass
+class Policies:
+    """The objects a session runs with."""
+
+    latency_model: Any
+    candidate_filter: CandidateFilter
+    preemption: Preemption
+    energy: EnergyLedger
+
+    @classmethod
+    def off(cls, num_cores: int, seed: int = 0) -> Policies:
+        """A fresh latency model, no filter, no preemption, an estimated bill: the engine alone."""
+        from cost_models.latency_model import create_latency_model
+
+        return cls(create_latency_model(num_cores, seed), MeasureAll(), NeverPreempt(), EnergyLedger())
+
+
+def build_policies(settings: PolicySettings, target: Any, num_cores: int, seed: int, gpu_indices: Sequence[int],
+                   warn: Callable[[str], None]) -> Policies:
+    """The session's policies from ``settings``; ``warn`` hears about refused warm starts."""
+    return Policies(
+        latency_model=start_latency_model(settings.warm_start, target, num_cores, seed, warn),
+        candidate_filter=settings.candidate_filter(seed),
+        preemption=settings.preemption_policy(),
+        energy=EnergyLedger(cpu_meter(), gpu_meter(gpu_indices), settings.watts_per_core, settings.price_per_hour),
+    )
+
+
+def start_latency_model(sources: Sequence[str], target: Any, num_cores: int, seed: int,
+                        warn: Callable[[str], None]) -> Any:
+    """A latency model started from ``sources`` (saved models and tuning databases), or a fresh one.
+
+    A saved model is taken as it is (the first one found); databases are learned from on top.
+    """
+    from cost_models.latency_model import (CostModelRefused, create_latency_model, load_latency_model,
+                                           warm_start_from_databases)
+
+    model = None
+    for source in sources:
+        kind, path = _resolve(Path(source))
+        try:
+            if kind == "model" and model is None:
+                model = load_latency_model(path, target, num_cores, seed)
+            elif kind == "database":
+                candidate = model or create_latency_model(num_cores, seed)
+                warm_start_from_databases(candidate, [path], target, num_cores)
+                model = candidate
+            elif kind is None:
+                raise CostModelRefused(f"{source} holds no saved latency model ({COST_MODEL_DIR}/meta.json) "
+                                       "and no tuning database")
+        except CostModelRefused as err:
+            warn(f"warm start refused: {err}; tuning starts from a fresh latency model"
+                 if model is None else f"warm start refused: {err}; going on with what was already loaded")
+    return model or create_latency_model(num_cores, seed)
+
+
+def _resolve(path: Path) -> tuple[str | None, Path]:
+    """What a warm-start path holds: a saved model, a tuning database, or neither (kind None)."""
+    for kind, candidate, marker in (("model", path, "meta.json"),
+                                    ("model", path / COST_MODEL_DIR, "meta.json"),
+                                    ("model", path / "tuning" / COST_MODEL_DIR, "meta.json"),
+                                    ("database", path, "database_tuning_record.json"),
+                                    ("database", path / "database", "database_tuning_record.json"),
+                                    ("database", path / "tuning", "database_tuning_record.json")):
+        if (candidate / marker).exists():
+            return kind, candidate
+    return None, path

@@ -1,0 +1,250 @@
+"""The Trimmer policies: candidate filter, preemption, energy bill, and the saved latency model."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from autotune.errors import UsageError
+from autotune.policies import PolicySettings, start_latency_model
+from cost_models.candidate_filter import MeasureAll, TrimmerFilter
+from cost_models.energy import EnergyLedger, RaplMeter, gpu_meter
+from cost_models.preemption import NeverPreempt, PlateauPreemption, TaskRound
+from cost_models.quality import RankQuality
+
+# -- candidate filter ---------------------------------------------------------------------------
+
+
+def test_filter_measures_everything_until_the_model_has_earned_trust():
+    f = TrimmerFilter(min_tau=0.3)
+    scores = [0.1 * i for i in range(10)]
+    for trained, tau in ((False, 0.9), (True, None), (True, 0.1)):
+        assert f.select(scores, trained, tau).measure == list(range(10))
+    assert f.counts["rounds_untrusted"] == 3 and f.counts["dropped"] == 0
+
+
+def test_filter_keeps_likely_winners_fills_to_the_floor_and_explores_what_it_drops():
+    f = TrimmerFilter(threshold=0.9, keep_share=0.25, explore_share=0.1, min_tau=0.3, seed=1)
+    scores = [1.2, 0.95, 0.5, 0.4, 0.3, 0.2, 0.1, 0.05, 0.02, 0.01, 0.3, 0.2, 0.1, 0.1, 0.0, 0.0,
+              0.6, 0.7, 0.1, 0.2]
+    s = f.select(scores, trained=True, recent_tau=0.5)
+    likely = {0, 1}
+    assert likely <= set(s.measure)
+    kept = [i for i in s.measure if i not in s.explore]
+    assert len(kept) == 5  # the floor: 25% of 20 proposals, filled with the next-best scores
+    assert sorted(kept, key=lambda i: -scores[i]) == kept and set(kept) == {0, 1, 17, 16, 2}
+    assert len(s.explore) == 2 and not set(s.explore) & set(kept)
+    assert sorted(s.measure + s.dropped) == list(range(20)) and not set(s.measure) & set(s.dropped)
+    f.record_explored(True)
+    f.record_explored(False)
+    report = f.report()
+    assert report["dropped"] == 13 and report["measured"] == 7 and report["would_be_best_drop_rate"] == 0.5
+
+
+def test_filter_keeps_every_proposal_that_may_beat_the_best():
+    f = TrimmerFilter(threshold=0.9, keep_share=0.0, explore_share=0.0, min_tau=0.0)
+    s = f.select([1.5, 0.91, 0.89, 2.0], trained=True, recent_tau=0.2)
+    assert sorted(s.measure) == [0, 1, 3] and s.dropped == [2]
+
+
+def test_measure_all_drops_nothing():
+    assert MeasureAll().select([0.0, 5.0], False, None).dropped == []
+
+
+@pytest.mark.parametrize("kwargs, flag", [({"filter_threshold": 3.0}, "--filter-threshold"),
+                                          ({"filter_explore": -0.1}, "--filter-explore"),
+                                          ({"filter_keep": 1.5}, "--filter-keep"),
+                                          ({"task_patience": -1}, "--task-patience"),
+                                          ({"model_window": 0}, "--model-window"),
+                                          ({"min_improvement": 1.0}, "--min-improvement"),
+                                          ({"watts_per_core": 0.0}, "--watts-per-core"),
+                                          ({"price_per_hour": -1.0}, "--price-per-hour")])
+def test_thresholds_out_of_range_are_usage_errors(kwargs, flag):
+    with pytest.raises(UsageError, match=flag):
+        PolicySettings(**kwargs)
+
+
+def test_rank_quality_is_kendall_tau_against_throughput():
+    q = RankQuality()
+    # scores rank 1 > 2 > 3, latencies rank the same way (shorter is better): perfect agreement
+    assert q.record("t", [3.0, 2.0, 1.0], [1e-3, 2e-3, 3e-3], trained=True) == pytest.approx(1.0)
+    assert q.record("t", [1.0, 2.0, 9.0, 3.0], [1e-3, 2e-3, math.inf, 3e-3], trained=True) == pytest.approx(-1.0)
+    assert q.record("t", [1.0, 2.0], [1e-3, 2e-3], trained=True) is None  # too few to rank
+    assert q.recent_tau() == pytest.approx(0.0)
+
+# -- preemption ----------------------------------------------------------------------------------
+
+
+def test_task_stops_after_patience_rounds_without_gain_and_only_after_its_minimum():
+    p = PlateauPreemption(task_patience=2, min_task_trials=48, model_patience=100)
+    rounds = [(math.inf, 10.0, 16), (10.0, 10.0, 24), (10.0, 9.95, 32), (9.95, 9.95, 40), (9.95, 9.95, 48)]
+    stops = [p.after_round([TaskRound("a", before, after, proposed)], after).stop_tasks
+             for before, after, proposed in rounds]
+    # 9.95 is within the 1% minimum gain: rounds 2-5 are all without gain. Past the patience of 2 from
+    # round 4 on, but only at 48 proposals has the task had its minimum.
+    assert stops[:4] == [{}, {}, {}, {}]
+    assert "a" in stops[4] and "4 rounds" in stops[4]["a"]
+
+
+def test_improving_task_is_never_stopped():
+    p = PlateauPreemption(task_patience=0, min_task_trials=0)
+    best = 10.0
+    for _ in range(6):
+        decision = p.after_round([TaskRound("a", best, best * 0.9, 100)], best * 0.9)
+        best *= 0.9
+        assert decision.stop_tasks == {} and not decision.stop_job
+
+
+def test_job_stops_when_the_model_latency_window_is_flat():
+    p = PlateauPreemption(task_patience=100, min_task_trials=0, model_window=2, model_patience=1)
+    history = [10.0, 8.0, 7.0, 7.0, 7.0, 7.0, 7.0, 7.0]
+    reasons = [p.after_round([], x).stop_job for x in history]
+    assert not any(reasons[:5]) and reasons[-1] and "flat" in reasons[-1]
+    assert not NeverPreempt().after_round([TaskRound("a", 1.0, 1.0, 10**6)], 1.0).stop_tasks
+
+# -- energy --------------------------------------------------------------------------------------
+
+
+WORK = {"search": {"cpu_s": 30.0, "device_s": 0.0}, "build": {"cpu_s": 60.0, "device_s": 0.0},
+        "measure": {"cpu_s": 10.0, "device_s": 5.0}}
+WASTED = {"measurements": 3, "of": 4, "cpu_s": 20.0, "device_s": 2.0}
+
+
+def test_estimated_bill_is_cpu_seconds_times_watts_and_says_so():
+    ledger = EnergyLedger(watts_per_core=10.0, price_per_device_hour=3.6)
+    bill = ledger.bill(WORK, wall_s=100.0, devices=1, wasted=WASTED)
+    assert bill["estimated"] and "estimated" in bill["method"]["cpu"]
+    assert bill["energy_j"] == pytest.approx(1000.0)
+    assert bill["phases"]["build"]["energy_j"] == pytest.approx(600.0)
+    assert bill["device_s_measuring"] == 5.0 and bill["wasted"]["energy_j"] == pytest.approx(200.0)
+    assert bill["cost"] == pytest.approx(0.1)
+
+
+def _rapl_tree(root: Path, energy_uj: int) -> None:
+    zone = root / "intel-rapl:0"
+    (zone / "intel-rapl:0:0").mkdir(parents=True, exist_ok=True)  # a sub-zone (core): not summed
+    (zone / "energy_uj").write_text(f"{energy_uj}\n")
+    (zone / "max_energy_range_uj").write_text("1000000000\n")
+    (zone / "intel-rapl:0:0" / "energy_uj").write_text("5\n")
+
+
+def test_rapl_counter_is_read_split_by_cpu_seconds_and_survives_wraparound(tmp_path):
+    _rapl_tree(tmp_path, 999_000_000)  # 1 kJ before the counter wraps at 1000 J
+    ledger = EnergyLedger(cpu=RaplMeter(str(tmp_path)))
+    _rapl_tree(tmp_path, 99_000_000)  # wrapped: 1 J + 99 J = 100 J since start
+    bill = ledger.bill(WORK, wall_s=10.0, devices=1, wasted=WASTED)
+    assert not bill["estimated"] and "RAPL" in bill["method"]["cpu"]
+    assert bill["energy_j"] == pytest.approx(100.0)
+    assert bill["phases"]["search"]["energy_j"] == pytest.approx(30.0)
+
+
+def test_no_rapl_zones_is_an_error_the_ledger_turns_into_an_estimate(tmp_path):
+    with pytest.raises(OSError):
+        RaplMeter(str(tmp_path))
+    assert gpu_meter([]) is None
+
+# -- the saved latency model ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trained_model(tuned_run):
+    from autotune.target import resolve_target
+    from cost_models.latency_model import create_latency_model, warm_start_from_databases
+
+    target = resolve_target("cpu").tvm_target()
+    model = create_latency_model(2, warmup_samples=1)
+    learned = warm_start_from_databases(model, [tuned_run.artifact / "database"], target, 2)
+    return model, target, learned
+
+
+def test_a_database_warm_starts_the_model(trained_model, tuned_run):
+    from cost_models.latency_model import is_trained, samples
+
+    model, _, learned = trained_model
+    assert learned == tuned_run.manifest["tuning"]["trials"] == samples(model) and is_trained(model)
+
+
+def test_saved_model_round_trips_without_pickle(trained_model, tmp_path):
+    import numpy as np
+
+    from cost_models.latency_model import load_latency_model, samples, save_latency_model
+
+    model, target, _ = trained_model
+    save_latency_model(model, tmp_path / "m", target)
+    with np.load(tmp_path / "m" / "data.npz", allow_pickle=False) as data:
+        assert data["features"].shape[1] == 164
+    again = load_latency_model(tmp_path / "m", target, 2)
+    assert samples(again) == samples(model)
+    assert again._inst.booster.save_raw("json") == model._inst.booster.save_raw("json")
+
+
+@pytest.mark.parametrize("damage, phrase", [
+    (lambda m: (m / "meta.json").write_text("{not json"), "not a saved latency model"),
+    (lambda m: _edit_meta(m, target="llvm:skylake"), "trained for llvm:skylake"),
+    (lambda m: _edit_meta(m, feature_length=100), "100 features per store"),
+    (lambda m: (m / "data.npz").write_bytes(b"\0" * 64), "corrupt"),
+])
+def test_mismatched_or_corrupt_model_is_refused_and_tuning_starts_fresh(trained_model, tmp_path, damage, phrase):
+    from cost_models.latency_model import save_latency_model, samples
+
+    model, target, _ = trained_model
+    save_latency_model(model, tmp_path / "m", target)
+    damage(tmp_path / "m")
+    said = []
+    fresh = start_latency_model([str(tmp_path / "m")], target, 2, 0, said.append)
+    assert samples(fresh) == 0
+    assert len(said) == 1 and phrase in said[0] and "fresh latency model" in said[0]
+
+
+def _edit_meta(folder: Path, **changes) -> None:
+    meta = json.loads((folder / "meta.json").read_text())
+    (folder / "meta.json").write_text(json.dumps({**meta, **changes}))
+
+
+def test_the_artifact_carries_the_model_and_the_bill(tuned_run):
+    from autotune.target import resolve_target
+    from cost_models.latency_model import load_latency_model, samples
+
+    manifest = tuned_run.manifest["tuning"]
+    model = load_latency_model(tuned_run.artifact / "cost_model", resolve_target("cpu").tvm_target(), 2)
+    assert samples(model) == manifest["trials"]
+    bill = manifest["energy"]
+    assert set(bill["phases"]) == {"search", "build", "measure", "verification"}
+    assert all(bill["phases"][p]["cpu_s"] > 0 for p in ("search", "build", "measure"))
+    # a task's first valid measurement always improves its best: at most trials - tasks are wasted
+    assert bill["wasted"]["of"] == manifest["new_trials"]
+    assert 0 <= bill["wasted"]["measurements"] <= bill["wasted"]["of"] - len(manifest["tasks"])
+    summary = tuned_run.summary()
+    assert summary["energy_j"] == bill["energy_j"] > 0 and summary["energy_estimated"] is True
+    assert "Tuning energy" in (tuned_run.artifact / "report.md").read_text()
+
+
+def test_filter_and_preemption_in_a_real_session(tmp_path):
+    """A real tuning run where the model is trusted early: proposals get dropped, tasks get stopped."""
+    from autotune.config import TuneConfig
+    from autotune.pipeline import prepare_model, run_tuning
+    from autotune.policies import Policies
+    from autotune.progress import SilentProgress
+    from cost_models.latency_model import create_latency_model
+
+    config = TuneConfig(model="zoo:mlp", out_dir=tmp_path, trials=96, batch_sizes=(1,), round_size=8, trial_floor=8)
+    prepared = prepare_model(config, SilentProgress())
+    policies = Policies(create_latency_model(2, warmup_samples=8),
+                        TrimmerFilter(threshold=2.0, keep_share=0.25, explore_share=0.25, min_tau=-1.0),
+                        PlateauPreemption(task_patience=0, min_task_trials=8, model_patience=100),
+                        EnergyLedger())
+    session, ranked = run_tuning(prepared.tasks, prepared.plan, prepared.target_spec, prepared.target,
+                                 tmp_path / "tuning", round_size=8, policies=policies)
+    report = session.policies_report()
+    assert report["filter"]["rounds_filtered"] >= 1 and report["filter"]["dropped"] > 0
+    assert report["filter"]["explored_measured"] > 0
+    assert any(s.stopped.startswith("no gain") for s in session.states)
+    assert sum(s.screened for s in session.states) == report["filter"]["dropped"]
+    log = [json.loads(line) for line in (tmp_path / "tuning" / "measurements.jsonl").read_text().splitlines()]
+    assert len(log) == sum(s.trials for s in session.states) == report["filter"]["measured"]
+    assert len(ranked.get_all_tuning_records()) == len(log)
+    assert sum(not m["improved"] for m in log) == session.bill["wasted"]["measurements"]
+    assert (tmp_path / "tuning" / "cost_model" / "meta.json").exists()
