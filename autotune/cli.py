@@ -63,7 +63,9 @@ def tune(
     filter_explore: Annotated[float, typer.Option(help="share of a round drawn at random from what would be "
                                                        "dropped (exploration, and the drop-rate estimate)")] = 0.1,
     filter_min_tau: Annotated[float, typer.Option(help="filter only while the model's recent rank correlation "
-                                                       "(Kendall tau) is at least this")] = 0.3,
+                                                       "(Kendall tau) is at least this")] = 0.0,
+    filter_trust_rounds: Annotated[int, typer.Option(help="filter only after this many rounds in a row in which it "
+                                                           "would not have dropped a new best")] = 3,
     preemption: Annotated[bool, typer.Option("--preemption/--no-preemption",
                                              help="stop tasks and the job when they stop improving")] = True,
     task_patience: Annotated[int, typer.Option(help="stop a task after more than this many rounds without gain")] = 2,
@@ -93,7 +95,8 @@ def tune(
             batch_sizes=_ints(batch_sizes, "--batch-sizes"), input_shape=_ints(input_shape, "--input-shape"),
             round_size=round_size, engine=engine, devices=tuple(devices.split(",")) if devices else None, dop=dop,
             tolerance=tolerance, seed=seed,
-            policies=PolicySettings(filter, filter_threshold, filter_keep, filter_explore, filter_min_tau, preemption,
+            policies=PolicySettings(filter, filter_threshold, filter_keep, filter_explore, filter_min_tau,
+                                    filter_trust_rounds, preemption,
                                     task_patience, min_task_trials, model_window, model_patience, min_improvement,
                                     watts_per_core, price_per_hour, tuple(str(p) for p in warm_start or ())),
         )

@@ -29,7 +29,8 @@ class PolicySettings:
     filter_threshold: float = 0.9
     filter_keep: float = 0.25
     filter_explore: float = 0.1
-    filter_min_tau: float = 0.3
+    filter_min_tau: float = 0.0
+    filter_trust_rounds: int = 3
     preemption: bool = True
     task_patience: int = 2
     min_task_trials: int = 16
@@ -55,7 +56,8 @@ class PolicySettings:
     def candidate_filter(self, seed: int) -> CandidateFilter:
         if not self.filter:
             return MeasureAll()
-        return TrimmerFilter(self.filter_threshold, self.filter_keep, self.filter_explore, self.filter_min_tau, seed)
+        return TrimmerFilter(self.filter_threshold, self.filter_keep, self.filter_explore, self.filter_min_tau,
+                             self.filter_trust_rounds, seed)
 
     def preemption_policy(self) -> Preemption:
         if not self.preemption:

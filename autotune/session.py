@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from autotune.budget import share_out
 from autotune.tasks import Task
-from cost_models.candidate_filter import CandidateFilter, MeasureAll
+from cost_models.candidate_filter import CandidateFilter, MeasureAll, Selection
 from cost_models.energy import EnergyLedger
 from cost_models.latency_model import is_trained
 from cost_models.preemption import NeverPreempt, Preemption, TaskRound
@@ -73,9 +73,14 @@ class _Plan:
     ctx: Any
     candidates: list[Any]
     hashes: list[int]
-    scores: list[float]
-    explore: set[int]
+    proposal_scores: list[float]  # of every proposal, measured or not
+    selection: Selection
     trained: bool
+
+    @property
+    def scores(self) -> list[float]:
+        """Scores of the measured candidates, in their order."""
+        return [self.proposal_scores[i] for i in self.selection.measure]
 
 
 class SessionObserver(Protocol):
@@ -220,8 +225,8 @@ class TuningSession:
                 self.cost_model.update(ctx, plan.candidates, results)
             ctx.notify_runner_results(plan.candidates, results)
             self.quality.record(state.task.name, plan.scores, latencies, plan.trained)
-            for i in plan.explore:
-                self.candidate_filter.record_explored(improved[i])
+            self.candidate_filter.observe(plan.proposal_scores, plan.selection,
+                                          dict(zip(plan.selection.measure, improved)), plan.trained)
             rounds.append(TaskRound(state.task.name, best_before, state.best_s, state.proposed))
             if state.remaining == 0:
                 self._finish(state, contexts)
@@ -250,9 +255,7 @@ class TuningSession:
         selection = self.candidate_filter.select(scores, trained, self.quality.recent_tau())
         state.screened += len(selection.dropped)
         kept = [candidates[i] for i in selection.measure]
-        position = {i: k for k, i in enumerate(selection.measure)}
-        return _Plan(state, ctx, kept, [tvm_ffi.structural_hash(c.sch.mod) for c in kept],
-                     [scores[i] for i in selection.measure], {position[i] for i in selection.explore}, trained)
+        return _Plan(state, ctx, kept, [tvm_ffi.structural_hash(c.sch.mod) for c in kept], scores, selection, trained)
 
     def _finish(self, state: TaskState, contexts: dict[str, Any]) -> None:
         """End a task; trials it did not use go to the tasks still searching, by work share."""

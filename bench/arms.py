@@ -7,15 +7,20 @@ imported (stock pays that inside its first ``TuneContext``).
 
 Arms: ``stock`` (``tune_tir`` / ``tune_relax`` with their defaults), ``warm_stock`` (the
 same with a build pool that lives across rounds and imports quickly, so that only
-autotune's measurement remains different), ``autotune`` (our session and engine).
+autotune's measurement remains different), ``autotune`` (our session and engine;
+``--policies trimmer`` adds the candidate filter and preemption, ``--warm-start PATH``
+starts the latency model from an earlier run). Every arm reports its work: CPU-seconds
+of the arm's process and its children, device-seconds spent measuring, and how many
+measurements never improved a best.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import resource
 import statistics
-import sys
 import time
 from typing import Any
 
@@ -33,24 +38,72 @@ def _setup(workload: str) -> tuple[Any, Any]:
 def stock(workload: str, trials: int, work_dir: str, warm: bool) -> dict[str, Any]:
     """``tune_tir`` / ``tune_relax`` with their defaults; ``warm`` swaps in a persistent, fast-importing build pool."""
     spec, mod = _setup(workload)
+    cpu_before = _cpu_s()
     started = time.monotonic()
     builder: Any = "local"
     if warm:
         builder = _warm_builder(spec.num_cores)
+    runner = _timed_runner()
     from tvm.s_tir import meta_schedule as ms
 
     target = spec.tvm_target()
     if WORKLOADS[workload].kind == "kernel":
-        db = ms.tune_tir(mod=mod, target=target, work_dir=work_dir, max_trials_global=trials, builder=builder)
+        db = ms.tune_tir(mod=mod, target=target, work_dir=work_dir, max_trials_global=trials, builder=builder,
+                         runner=runner)
     else:  # tune_relax extracts nothing from an unfused module: fuse first, as compile_relax does
         from autotune.frontend import prepare_for_tuning
 
         db = ms.relax_integration.tune_relax(prepare_for_tuning(mod, target), {}, target, work_dir,
-                                             max_trials_global=trials, builder=builder)
+                                             max_trials_global=trials, builder=builder, runner=runner)
     wall = time.monotonic() - started
+    if warm:
+        builder.pool.shutdown()  # its workers' CPU time is counted once they are reaped
     records = db.get_all_tuning_records()
     secs = [s for s in (statistics.fmean(float(x) for x in r.run_secs) for r in records if r.run_secs) if s < 1e9]
-    return {"wall_s": wall, "valid_trials": len(secs), "best_logged_s": min(secs, default=None)}
+    wasted, best = 0, {}
+    for r in records:  # commit order: a record wasted nothing if it beat its workload's best so far
+        key, value = id(r.workload), statistics.fmean(float(x) for x in r.run_secs) if r.run_secs else math.inf
+        wasted += not value < best.get(key, math.inf)
+        best[key] = min(best.get(key, math.inf), value)
+    from cost_models.energy import EnergyLedger
+
+    cpu = _cpu_s() - cpu_before
+    bill = EnergyLedger().bill({"all": {"cpu_s": cpu, "device_s": runner.busy_s}}, wall, 1,
+                               {"measurements": wasted, "of": len(records), "cpu_s": 0.0, "device_s": 0.0})
+    bill["device_s_measuring"] = round(runner.busy_s, 3)
+    return {"wall_s": wall, "valid_trials": len(secs), "best_logged_s": min(secs, default=None), "bill": bill}
+
+
+def _cpu_s() -> float:
+    """CPU-seconds of this process and of its children that have been reaped."""
+    return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+def _timed_runner() -> Any:
+    """Stock's ``LocalRunner``, counting the seconds it keeps the device busy (it measures synchronously)."""
+    from measure.tvm_import import import_meta_schedule
+
+    ms = import_meta_schedule()
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.runner import PyRunner
+
+    @derived_object
+    class TimedRunner(PyRunner):
+        def __init__(self) -> None:
+            super().__init__()
+            self.runner = ms.runner.LocalRunner()
+            self.busy_s = 0.0
+
+        def run(self, runner_inputs: list[Any]) -> list[Any]:
+            started = time.monotonic()
+            futures = self.runner.run(runner_inputs)
+            for f in futures:
+                f.result()
+            self.busy_s += time.monotonic() - started
+            return futures
+
+    return TimedRunner()
 
 
 def _warm_builder(workers: int) -> Any:
@@ -83,8 +136,12 @@ def _warm_builder(workers: int) -> Any:
     return WarmBuilder()
 
 
-def autotune(workload: str, trials: int, work_dir: str) -> dict[str, Any]:
-    """Our session (budget split, parallel engine, final ranking) on the same workload and budget."""
+def autotune(workload: str, trials: int, work_dir: str, *, policies: str = "off", round_size: int = 32,
+             warm_start: str | None = None) -> dict[str, Any]:
+    """Our session (budget split, parallel engine, final ranking) on the same workload and budget.
+
+    ``policies``: "off" (the engine alone) or "trimmer" (candidate filter and preemption, defaults).
+    """
     spec, mod = _setup(workload)
     started, started_at = time.monotonic(), time.time()
     from measure.tvm_import import import_meta_schedule
@@ -93,6 +150,7 @@ def autotune(workload: str, trials: int, work_dir: str) -> dict[str, Any]:
     from autotune.budget import split_budget
     from autotune.frontend import prepare_for_tuning
     from autotune.pipeline import run_tuning
+    from autotune.policies import Policies, PolicySettings, build_policies
     from autotune.session import MEASUREMENTS_LOG
     from autotune.tasks import Task, extract_tasks
     from results.report import read_measurements
@@ -105,14 +163,21 @@ def autotune(workload: str, trials: int, work_dir: str) -> dict[str, Any]:
     else:
         tasks = extract_tasks([prepare_for_tuning(mod, target)], target)
     plan = split_budget(tasks, trials, floor=8)
-    session, _ = run_tuning(tasks, plan, spec, target, work_dir)
+    warnings: list[str] = []
+    if policies == "trimmer":
+        chosen = build_policies(PolicySettings(warm_start=(warm_start,) if warm_start else ()), target,
+                                spec.num_cores, 0, [], warnings.append)
+    else:
+        chosen = Policies.off(spec.num_cores)
+    session, _ = run_tuning(tasks, plan, spec, target, work_dir, round_size=round_size, policies=chosen)
     wall = time.monotonic() - started
     log = read_measurements(f"{work_dir}/{MEASUREMENTS_LOG}")
     weights = {t.name: t.weight for t in tasks}
     curve, best = _model_latency_curve(log, weights, started_at)
     valid = sum(1 for m in log if m["latency_s"] is not None)
     return {"wall_s": wall, "valid_trials": valid, "best_logged_s": best if valid else None, "curve": curve,
-            "engine": session.engine_report}
+            "engine": session.engine_report, "bill": session.bill, "policies": session.policies_report(),
+            "screened": sum(s.screened for s in session.states), "warnings": warnings}
 
 
 def _model_latency_curve(log: list[dict[str, Any]], weights: dict[str, int],
@@ -134,9 +199,18 @@ def _model_latency_curve(log: list[dict[str, Any]], weights: dict[str, int],
 
 
 if __name__ == "__main__":
-    arm, workload, trials, work_dir = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-    if arm == "autotune":
-        out = autotune(workload, trials, work_dir)
+    parser = argparse.ArgumentParser(description="one benchmark arm; prints one JSON line")
+    parser.add_argument("arm", choices=("stock", "warm_stock", "autotune"))
+    parser.add_argument("workload", choices=sorted(WORKLOADS))
+    parser.add_argument("trials", type=int)
+    parser.add_argument("work_dir")
+    parser.add_argument("--policies", choices=("off", "trimmer"), default="off")
+    parser.add_argument("--round-size", type=int, default=32)
+    parser.add_argument("--warm-start")
+    args = parser.parse_args()
+    if args.arm == "autotune":
+        out = autotune(args.workload, args.trials, args.work_dir, policies=args.policies, round_size=args.round_size,
+                       warm_start=args.warm_start)
     else:
-        out = stock(workload, trials, work_dir, warm=arm == "warm_stock")
+        out = stock(args.workload, args.trials, args.work_dir, warm=args.arm == "warm_stock")
     print(json.dumps(out))

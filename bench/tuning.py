@@ -160,7 +160,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=64)
     parser.add_argument("--stock-cap-s", type=float, default=240.0)
-    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--workloads", default="matmul512,conv3x3_resnet18,mlp")
     parser.add_argument("--work-root", type=Path, default=Path("results/bench/work"))
     parser.add_argument("--reanalyze", action="store_true",
                         help="re-time and compare the last run's arms (results/bench/tuning.json) without re-running them")

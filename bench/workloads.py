@@ -19,6 +19,8 @@ WORKLOADS = {
     "matmul512": Workload("matmul512", "kernel", "512x512x512 fp32 matmul"),
     "conv3x3_resnet18": Workload("conv3x3_resnet18", "kernel", "ResNet-18 layer1 conv: 1x64x56x56, 64 filters 3x3, pad 1"),
     "mlp": Workload("mlp", "model", "zoo:mlp (784-512-256-10) at batch 1"),
+    "resnet18": Workload("resnet18", "model", "zoo:resnet18 at batch 1, all 27 tasks"),
+    "bert_layer": Workload("bert_layer", "model", "zoo:bert_layer (one encoder layer) at batch 1, all 18 tasks"),
 }
 
 

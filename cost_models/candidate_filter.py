@@ -8,8 +8,13 @@ drop. The random draw does double duty: it stops a wrong model from starving the
 search, and, being an unbiased sample of the dropped candidates, it estimates how
 often the filter drops a candidate that would have become the task's best.
 
-The filter only drops while the model has earned it: trained on real data and
-ranking recent rounds with a Kendall tau of at least ``min_tau``.
+The filter only drops while the model has earned it. Until then every proposal is
+measured, and each such round is also a full census of what the filter *would* have
+dropped: the filter is trusted once, over its last ``trust_rounds`` rounds with a
+trained model, it would not have dropped a single candidate that went on to beat its
+task's best, and the model ranks those rounds better than chance (mean Kendall tau at
+least ``min_tau``). While trusted, its exploration sample keeps the same watch: one
+dropped-then-explored candidate that beats the best revokes the trust.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from __future__ import annotations
 import math
 import random
 from abc import ABC, abstractmethod
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,17 +49,19 @@ class CandidateFilter(ABC):
     def select(self, scores: Sequence[float], trained: bool, recent_tau: float | None) -> Selection:
         """``scores``: the model's normalised predictions; ``trained``/``recent_tau``: how far to trust them."""
 
-    def record_explored(self, would_be_best: bool) -> None:
-        """An explored candidate was measured: did it beat its task's best?"""
-        self.counts["explored_measured"] += 1
-        self.counts["explored_would_be_best"] += would_be_best
+    def observe(self, scores: Sequence[float], selection: Selection, improved: dict[int, bool], trained: bool) -> None:
+        """After measurement: ``improved[i]`` says whether measured proposal ``i`` beat its task's best."""
 
     def report(self) -> dict[str, Any]:
-        measured = self.counts["explored_measured"]
+        c = self.counts
+        seen = c["explored_measured"] + c["shadow_dropped"]
         return {
             "filter": self.name,
-            **dict(self.counts),
-            "would_be_best_drop_rate": self.counts["explored_would_be_best"] / measured if measured else None,
+            **dict(c),
+            # of the candidates it dropped or would have dropped and that were measured all the same
+            # (its exploration sample, and every proposal of the rounds it did not filter), the share
+            # that beat their task's best
+            "would_be_best_drop_rate": (c["explored_would_be_best"] + c["shadow_would_be_best"]) / seen if seen else None,
         }
 
 
@@ -76,7 +83,8 @@ class TrimmerFilter(CandidateFilter):
     threshold: float = 0.9
     keep_share: float = 0.25
     explore_share: float = 0.1
-    min_tau: float = 0.3
+    min_tau: float = 0.0
+    trust_rounds: int = 3
     seed: int = 0
     name: str = field(default="trimmer", init=False)
 
@@ -88,26 +96,49 @@ class TrimmerFilter(CandidateFilter):
                                        ("--filter-min-tau", self.min_tau, -1.0, 1.0)):
             if not low <= value <= high:
                 raise ValueError(f"{flag} must be between {low:g} and {high:g}; got {value}")
+        if self.trust_rounds < 1:
+            raise ValueError(f"--filter-trust-rounds must be an integer of at least 1; got {self.trust_rounds}")
         self._rng = random.Random(self.seed)
+        self._evidence: deque[bool] = deque(maxlen=self.trust_rounds)  # per observed round: did it miss a best?
 
     def trusts(self, trained: bool, recent_tau: float | None) -> bool:
-        return trained and recent_tau is not None and recent_tau >= self.min_tau
+        return (trained and recent_tau is not None and recent_tau >= self.min_tau
+                and len(self._evidence) == self.trust_rounds and not any(self._evidence))
 
     def select(self, scores: Sequence[float], trained: bool, recent_tau: float | None) -> Selection:
         n = len(scores)
         self.counts["proposed"] += n
         if not self.trusts(trained, recent_tau):
-            self.counts["rounds_untrusted"] += 1
+            self.counts["rounds_unfiltered"] += 1
             self.counts["measured"] += n
             return Selection(list(range(n)), [], [])
         self.counts["rounds_filtered"] += 1
-        order = sorted(range(n), key=lambda i: scores[i], reverse=True)
-        likely = [i for i in order if scores[i] >= self.threshold]
-        keep = order[:max(len(likely), math.ceil(self.keep_share * n), 1)]
-        rest = order[len(keep):]
+        keep, rest = self._rule(scores)
         explore = self._rng.sample(rest, min(len(rest), math.ceil(self.explore_share * n))) if rest else []
         dropped = [i for i in rest if i not in set(explore)]
         self.counts["measured"] += len(keep) + len(explore)
         self.counts["explored"] += len(explore)
         self.counts["dropped"] += len(dropped)
         return Selection(keep + explore, explore, dropped)
+
+    def observe(self, scores: Sequence[float], selection: Selection, improved: dict[int, bool], trained: bool) -> None:
+        if not trained:
+            return  # random scores say nothing about the model
+        if selection.dropped or selection.explore:  # a filtered round: its exploration sample is the evidence
+            hits = sum(improved.get(i, False) for i in selection.explore)
+            self.counts["explored_measured"] += len(selection.explore)
+            self.counts["explored_would_be_best"] += hits
+        else:  # an unfiltered round: every proposal was measured, so what the rule would drop is known
+            _, would_drop = self._rule(scores)
+            hits = sum(improved.get(i, False) for i in would_drop)
+            self.counts["shadow_dropped"] += len(would_drop)
+            self.counts["shadow_would_be_best"] += hits
+        self._evidence.append(hits > 0)
+
+    def _rule(self, scores: Sequence[float]) -> tuple[list[int], list[int]]:
+        """(kept: likely winners filled up to the floor, best first; the rest, best first)."""
+        n = len(scores)
+        order = sorted(range(n), key=lambda i: scores[i], reverse=True)
+        likely = sum(1 for s in scores if s >= self.threshold)
+        cut = max(likely, math.ceil(self.keep_share * n), 1)
+        return order[:cut], order[cut:]

@@ -32,10 +32,14 @@ class CostModelRefused(Exception):
     """A saved model or database that cannot start this job's model; the message says why."""
 
 
-def create_latency_model(num_cores: int, seed: int = 0, warmup_samples: int = 100) -> Any:
+WARMUP_SAMPLES = 32  # MetaSchedule waits for 100: two rounds of one kernel already rank candidates usefully,
+# and the candidate filter checks the model's ranking on every round before it trusts it
+
+
+def create_latency_model(num_cores: int, seed: int = 0, warmup_samples: int = WARMUP_SAMPLES) -> Any:
     """A fresh XGBoost latency model using ``num_cores`` threads for training.
 
-    Until it holds ``warmup_samples`` measurements it returns random scores (MetaSchedule's default).
+    Until it holds ``warmup_samples`` measurements it returns random scores.
     """
     from tvm.s_tir.meta_schedule.cost_model import XGBModel
     from tvm.s_tir.meta_schedule.cost_model.xgb_model import XGBConfig

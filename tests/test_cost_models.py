@@ -18,34 +18,54 @@ from cost_models.quality import RankQuality
 # -- candidate filter ---------------------------------------------------------------------------
 
 
+def _earn_trust(f: TrimmerFilter, n: int = 20) -> None:
+    """Unfiltered rounds with a trained model in which no proposal the rule would drop beat the best."""
+    scores = [0.05 * i for i in range(n)]
+    for _ in range(f.trust_rounds):
+        s = f.select(scores, trained=True, recent_tau=0.5)
+        assert s.dropped == [] and s.measure == list(range(n))
+        f.observe(scores, s, {i: i == n - 1 for i in range(n)}, trained=True)  # only the top score improved
+
+
 def test_filter_measures_everything_until_the_model_has_earned_trust():
-    f = TrimmerFilter(min_tau=0.3)
+    f = TrimmerFilter(min_tau=0.0, trust_rounds=2)
     scores = [0.1 * i for i in range(10)]
-    for trained, tau in ((False, 0.9), (True, None), (True, 0.1)):
+    for trained, tau in ((False, 0.9), (True, None), (True, -0.2), (True, 0.5)):  # the last: no evidence yet
         assert f.select(scores, trained, tau).measure == list(range(10))
-    assert f.counts["rounds_untrusted"] == 3 and f.counts["dropped"] == 0
+    _earn_trust(f)
+    assert not f.trusts(True, -0.2) and f.trusts(True, 0.0)
+    assert f.counts["dropped"] == 0 and f.counts["shadow_dropped"] == 2 * 15  # 25% of 20 kept, 15 would go
+
+
+def test_a_would_be_best_the_rule_would_have_dropped_withholds_trust():
+    f = TrimmerFilter(trust_rounds=1)
+    scores = [0.1, 0.2, 0.3, 0.4]
+    f.observe(scores, f.select(scores, True, 0.5), {0: True, 1: False, 2: False, 3: False}, trained=True)
+    assert not f.trusts(True, 0.5) and f.report()["would_be_best_drop_rate"] == pytest.approx(1 / 3)
 
 
 def test_filter_keeps_likely_winners_fills_to_the_floor_and_explores_what_it_drops():
-    f = TrimmerFilter(threshold=0.9, keep_share=0.25, explore_share=0.1, min_tau=0.3, seed=1)
+    f = TrimmerFilter(threshold=0.9, keep_share=0.25, explore_share=0.1, seed=1)
+    _earn_trust(f)
     scores = [1.2, 0.95, 0.5, 0.4, 0.3, 0.2, 0.1, 0.05, 0.02, 0.01, 0.3, 0.2, 0.1, 0.1, 0.0, 0.0,
               0.6, 0.7, 0.1, 0.2]
     s = f.select(scores, trained=True, recent_tau=0.5)
-    likely = {0, 1}
-    assert likely <= set(s.measure)
     kept = [i for i in s.measure if i not in s.explore]
-    assert len(kept) == 5  # the floor: 25% of 20 proposals, filled with the next-best scores
-    assert sorted(kept, key=lambda i: -scores[i]) == kept and set(kept) == {0, 1, 17, 16, 2}
+    assert len(kept) == 5  # the floor: 25% of 20 proposals, the two likely winners first, then the next-best
+    assert kept == [0, 1, 17, 16, 2]
     assert len(s.explore) == 2 and not set(s.explore) & set(kept)
     assert sorted(s.measure + s.dropped) == list(range(20)) and not set(s.measure) & set(s.dropped)
-    f.record_explored(True)
-    f.record_explored(False)
+    # one explored candidate beats the best: the estimate says so, and the filter stops filtering
+    f.observe(scores, s, {i: i == s.explore[0] for i in s.measure}, trained=True)
+    assert not f.trusts(True, 0.5)
     report = f.report()
-    assert report["dropped"] == 13 and report["measured"] == 7 and report["would_be_best_drop_rate"] == 0.5
+    assert report["dropped"] == 13 and report["explored_would_be_best"] == 1
+    assert report["would_be_best_drop_rate"] == pytest.approx(1 / (3 * 15 + 2))
 
 
 def test_filter_keeps_every_proposal_that_may_beat_the_best():
-    f = TrimmerFilter(threshold=0.9, keep_share=0.0, explore_share=0.0, min_tau=0.0)
+    f = TrimmerFilter(threshold=0.9, keep_share=0.0, explore_share=0.0, trust_rounds=1)
+    f.observe([0.0, 1.0], f.select([0.0, 1.0], True, 0.5), {0: False, 1: True}, trained=True)
     s = f.select([1.5, 0.91, 0.89, 2.0], trained=True, recent_tau=0.2)
     assert sorted(s.measure) == [0, 1, 3] and s.dropped == [2]
 
@@ -233,14 +253,15 @@ def test_filter_and_preemption_in_a_real_session(tmp_path):
     config = TuneConfig(model="zoo:mlp", out_dir=tmp_path, trials=96, batch_sizes=(1,), round_size=8, trial_floor=8)
     prepared = prepare_model(config, SilentProgress())
     policies = Policies(create_latency_model(2, warmup_samples=8),
-                        TrimmerFilter(threshold=2.0, keep_share=0.25, explore_share=0.25, min_tau=-1.0),
-                        PlateauPreemption(task_patience=0, min_task_trials=8, model_patience=100),
+                        TrimmerFilter(threshold=2.0, keep_share=0.25, explore_share=0.25, min_tau=-1.0,
+                                      trust_rounds=1),
+                        PlateauPreemption(task_patience=1, min_task_trials=8, model_patience=100),
                         EnergyLedger())
     session, ranked = run_tuning(prepared.tasks, prepared.plan, prepared.target_spec, prepared.target,
                                  tmp_path / "tuning", round_size=8, policies=policies)
     report = session.policies_report()
     assert report["filter"]["rounds_filtered"] >= 1 and report["filter"]["dropped"] > 0
-    assert report["filter"]["explored_measured"] > 0
+    assert report["filter"]["explored_measured"] > 0 and report["filter"]["shadow_dropped"] > 0
     assert any(s.stopped.startswith("no gain") for s in session.states)
     assert sum(s.screened for s in session.states) == report["filter"]["dropped"]
     log = [json.loads(line) for line in (tmp_path / "tuning" / "measurements.jsonl").read_text().splitlines()]

@@ -1,0 +1,191 @@
+"""Trimmer benchmark: what the candidate filter and preemption save, at what cost in model latency.
+
+    python -m bench.trimmer [--workloads matmul512,conv3x3_resnet18,mlp,resnet18,bert_layer]
+
+Arms, each in its own process, one after another on the same machine, same budget:
+  stock    MetaSchedule's tune_tir / tune_relax with a warm build pool (stock defaults build
+           nothing here, see tuning.md), its runner timed for device-seconds
+  engine   our session and parallel engine alone (no filter, no preemption)
+  trimmer  the same with the candidate filter and preemption at their defaults
+For zoo:resnet18 a fourth arm, trimmer_warm, is the trimmer arm again with its latency model
+started from the first trimmer run's saved model. Final latencies (the kernel's best, or the
+compiled model) are re-measured side by side in turns. Results merge into
+results/bench/trimmer.{json,md} by workload, so workloads can be run separately.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.tuning import _run_json
+from bench.workloads import WORKLOADS
+
+OUT_DIR = Path("results/bench")
+# (trials, round size): kernels get 8 rounds; models about 16 trials per task in rounds of 8
+BUDGETS = {"matmul512": (128, 16), "conv3x3_resnet18": (128, 16), "mlp": (96, 8), "resnet18": (432, 8),
+           "bert_layer": (288, 8)}
+WARM_WORKLOAD = "resnet18"
+TARGETS = {"device_s_saving": 0.40, "energy_saving": 0.40, "latency_ratio": 1.02, "drop_rate": 0.05}
+
+
+def bench_workload(name: str, work_root: Path) -> dict[str, Any]:
+    trials, round_size = BUDGETS[name]
+    arms: dict[str, Any] = {}
+    plan = [("stock", ["warm_stock"]), ("engine", ["autotune", "--policies", "off"]),
+            ("trimmer", ["autotune", "--policies", "trimmer"])]
+    if name == WARM_WORKLOAD:
+        plan.append(("trimmer_warm", ["autotune", "--policies", "trimmer", "--warm-start",
+                                      str(work_root / name / "trimmer" / "cost_model")]))
+    for arm, args in plan:
+        work_dir = work_root / name / arm
+        shutil.rmtree(work_dir, ignore_errors=True)
+        work_dir.mkdir(parents=True)
+        print(f"[{name}] {arm} ...", file=sys.stderr, flush=True)
+        result, failure = _run_json(["bench.arms", args[0], name, str(trials), str(work_dir), *args[1:],
+                                     "--round-size", str(round_size)], None)
+        arms[arm] = result or {"failure": failure}
+        print(f"[{name}] {arm}: wall {arms[arm].get('wall_s')}", file=sys.stderr, flush=True)
+    dirs = {arm: str(work_root / name / arm / ("" if arm == "stock" else "ranked")) for arm in arms
+            if "failure" not in arms[arm]}
+    print(f"[{name}] re-measuring final latencies side by side ...", file=sys.stderr, flush=True)
+    isolated, failure = _run_json(["bench.remeasure", name, *(f"{a}={d}" for a, d in dirs.items())], None)
+    rows = {arm: _row(r, (isolated or {}).get(arm)) for arm, r in arms.items()}
+    result = {"description": WORKLOADS[name].description, "trials": trials, "round_size": round_size, "arms": rows,
+              "trimmer_vs_engine": _compare(rows["engine"], rows["trimmer"])}
+    if "trimmer_warm" in arms:
+        result["warm_start"] = _warm(arms["trimmer"], arms["trimmer_warm"])
+    if failure:
+        result["remeasure_failure"] = failure
+    return result
+
+
+def _row(arm: dict[str, Any], final_s: float | None) -> dict[str, Any]:
+    """The figures the issue asks for, per arm."""
+    if "failure" in arm:
+        return arm
+    bill = arm["bill"]
+    wasted = bill["wasted"]
+    row = {
+        "final_latency_s": final_s,
+        "wall_s": round(arm["wall_s"], 1),
+        "measured": wasted["of"],
+        "screened": arm.get("screened", 0),
+        "device_s_measuring": bill["device_s_measuring"],
+        "energy_j": bill["energy_j"],
+        "energy_method": bill["method"]["cpu"],
+        "cpu_s": bill["cpu_s"],
+        "wasted_share": round(wasted["measurements"] / wasted["of"], 3) if wasted["of"] else None,
+    }
+    if "policies" in arm:
+        p = arm["policies"]
+        row["phases"] = bill["phases"]
+        row["drop_rate"] = p["filter"].get("would_be_best_drop_rate")
+        row["filter"] = {k: v for k, v in p["filter"].items() if k != "filter"}
+        row["preemption"] = {"tasks_stopped": len(p["preemption"]["tasks_stopped"]),
+                             "job_stopped": p["preemption"]["job_stopped"]}
+        row["model_tau"] = p["latency_model"]["mean_tau_trained"]
+        row["curve"] = arm["curve"]
+    return row
+
+
+def _compare(engine: dict[str, Any], trimmer: dict[str, Any]) -> dict[str, Any]:
+    if "failure" in engine or "failure" in trimmer:
+        return {"note": "an arm failed"}
+    saving = lambda k: round(1 - trimmer[k] / engine[k], 3) if engine[k] else None  # noqa: E731
+    latency = (trimmer["final_latency_s"] / engine["final_latency_s"]
+               if trimmer["final_latency_s"] and engine["final_latency_s"] else None)
+    out = {"device_s_saving": saving("device_s_measuring"), "energy_saving": saving("energy_j"),
+           "wall_saving": saving("wall_s"), "measured_saving": saving("measured"),
+           "latency_ratio": round(latency, 4) if latency else None, "drop_rate": trimmer.get("drop_rate")}
+    out["targets_met"] = {
+        "device_s_saving": (out["device_s_saving"] or 0) >= TARGETS["device_s_saving"],
+        "energy_saving": (out["energy_saving"] or 0) >= TARGETS["energy_saving"],
+        "latency_ratio": latency is not None and latency <= TARGETS["latency_ratio"],
+        "drop_rate": out["drop_rate"] is None or out["drop_rate"] < TARGETS["drop_rate"],
+    }
+    return out
+
+
+def _warm(first: dict[str, Any], warm: dict[str, Any]) -> dict[str, Any]:
+    """When each run first reached the first run's final estimated model latency (sum of weight x task best)."""
+    if "failure" in first or "failure" in warm or not first.get("curve"):
+        return {"note": "a run failed"}
+    goal = first["curve"][-1][1]
+    reach = lambda curve: next((t for t, v in curve if v <= goal), None)  # noqa: E731
+    t_first, t_warm = reach(first["curve"]), reach(warm.get("curve", []))
+    return {"goal_model_latency_s": goal, "first_run_reached_s": t_first, "warm_run_reached_s": t_warm,
+            "sooner_ratio": round(t_first / t_warm, 2) if t_first and t_warm else None,
+            "warm_final_model_latency_s": warm["curve"][-1][1] if warm.get("curve") else None}
+
+
+def write_tables(report: dict[str, Any]) -> None:
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    (OUT_DIR / "trimmer.json").write_text(json.dumps(report, indent=2))
+    us = lambda v: "-" if v is None else f"{v * 1e6:.1f}"  # noqa: E731
+    pct = lambda v: "-" if v is None else f"{v:.0%}"  # noqa: E731
+    lines = [f"# Trimmer benchmark ({report['machine']})", "",
+             "| workload | arm | final latency (us) | wall (s) | measured | screened | device-s measuring "
+             "| energy (kJ, est.) | never improved a best | drop rate |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for name, w in report["workloads"].items():
+        for arm, r in w["arms"].items():
+            if "failure" in r:
+                lines.append(f"| {name} | {arm} | failed: {r['failure']} |||||||| ")
+                continue
+            lines.append(f"| {name} | {arm} | {us(r['final_latency_s'])} | {r['wall_s']:.0f} | {r['measured']} | "
+                         f"{r['screened']} | {r['device_s_measuring']:.1f} | {r['energy_j'] / 1000:.2f} | "
+                         f"{pct(r['wasted_share'])} | {pct(r.get('drop_rate'))} |")
+    lines += ["", "| workload | trials (round) | device-s saved | energy saved | wall saved | latency trimmer / engine "
+              "| targets met |", "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
+    for name, w in report["workloads"].items():
+        c = w["trimmer_vs_engine"]
+        if "targets_met" not in c:
+            continue
+        met = ", ".join(k for k, v in c["targets_met"].items() if v) or "none"
+        lines.append(f"| {name} | {w['trials']} ({w['round_size']}) | {pct(c['device_s_saving'])} | "
+                     f"{pct(c['energy_saving'])} | {pct(c['wall_saving'])} | "
+                     f"{'-' if c['latency_ratio'] is None else format(c['latency_ratio'], '.3f')} | {met} |")
+    warm = report["workloads"].get(WARM_WORKLOAD, {}).get("warm_start")
+    if warm and "goal_model_latency_s" in warm:
+        sooner = "never" if warm["warm_run_reached_s"] is None else f"after {warm['warm_run_reached_s']:.0f} s"
+        lines += ["", f"Warm start ({WARM_WORKLOAD}): the first trimmer run reached its final estimated model latency "
+                  f"({us(warm['goal_model_latency_s'])} us) after {warm['first_run_reached_s']:.0f} s; the run whose "
+                  f"latency model started from it reached the same latency {sooner}"
+                  + (f" ({warm['sooner_ratio']}x sooner)." if warm["sooner_ratio"] else ".")]
+    lines += ["", "Energy is estimated (this VM exposes no RAPL counter): CPU-seconds of every process of the arm "
+              "x 7.5 W per busy core. Device-seconds: time the measuring device was busy timing candidates (for "
+              "stock, its runner's wall time). Drop rate: of the candidates the filter would have dropped and "
+              "measured anyway as its random exploration sample, the share that beat their task's best. "
+              f"Targets (trimmer vs engine): device-s and energy saved >= {TARGETS['device_s_saving']:.0%}, "
+              f"latency ratio <= {TARGETS['latency_ratio']}, drop rate < {TARGETS['drop_rate']:.0%}."]
+    (OUT_DIR / "trimmer.md").write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workloads", default=",".join(BUDGETS))
+    parser.add_argument("--work-root", type=Path, default=Path("results/bench/work/trimmer"))
+    args = parser.parse_args()
+    from autotune.target import host_cores
+
+    path = OUT_DIR / "trimmer.json"
+    report = json.loads(path.read_text()) if path.exists() else {"workloads": {}}
+    report.update({"machine": f"{platform.processor() or platform.machine()}, {host_cores()} cores",
+                   "date": time.strftime("%Y-%m-%d"), "targets": TARGETS})
+    for name in args.workloads.split(","):
+        if name not in BUDGETS:
+            raise SystemExit(f"unknown workload {name!r}; expected one of {', '.join(BUDGETS)}")
+        report["workloads"][name] = bench_workload(name, args.work_root)
+        write_tables(report)
+    print((OUT_DIR / "trimmer.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
