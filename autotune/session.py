@@ -27,7 +27,7 @@ from autotune.budget import share_out
 from autotune.tasks import Task
 from cost_models.candidate_filter import CandidateFilter, MeasureAll, Selection
 from cost_models.energy import EnergyLedger
-from cost_models.latency_model import is_trained
+from cost_models.latency_model import is_trained, score
 from cost_models.preemption import NeverPreempt, Preemption, TaskRound
 from cost_models.quality import RankQuality
 from measure.engine import Candidate, Measurement, MeasurementEngine, PhaseWork
@@ -247,7 +247,7 @@ class TuningSession:
         trained = is_trained(self.cost_model)
         with self._searching():
             candidates = list(ctx.generate_measure_candidates() or [])[: state.remaining]
-            scores = [float(x) for x in self.cost_model.predict(ctx, candidates)] if candidates else []
+            scores = score(self.cost_model, ctx, candidates)
         state.wall_s += time.monotonic() - t0
         if not candidates:
             self._finish(state, contexts)
