@@ -27,7 +27,7 @@ from autotune.budget import share_out
 from autotune.tasks import Task
 from cost_models.candidate_filter import CandidateFilter, MeasureAll, Selection
 from cost_models.energy import EnergyLedger
-from cost_models.latency_model import is_trained, score
+from cost_models.latency_model import is_guiding, is_trained, score
 from cost_models.preemption import NeverPreempt, Preemption, TaskRound
 from cost_models.quality import RankQuality
 from measure.engine import Candidate, Measurement, MeasurementEngine, PhaseWork
@@ -75,7 +75,8 @@ class _Plan:
     hashes: list[int]
     proposal_scores: list[float]  # of every proposal, measured or not
     selection: Selection
-    trained: bool
+    trained: bool  # the proposals were scored by the model
+    guided: bool  # the model guided the search that proposed them
 
     @property
     def scores(self) -> list[float]:
@@ -88,7 +89,8 @@ class SessionObserver(Protocol):
 
     def on_tuning_start(self, states: Sequence[TaskState], warning: str | None) -> None: ...
 
-    def on_round_end(self, states: Sequence[TaskState], elapsed_s: float) -> None: ...
+    def on_round_end(self, states: Sequence[TaskState], elapsed_s: float, model: dict[str, Any]) -> None:
+        """``model``: the latency model's recent rank correlation ("tau") and whether the filter filters."""
 
     def on_phase(self, phase: str) -> None: ...
 
@@ -142,7 +144,10 @@ class TuningSession:
             while contexts and not self._out_of_time(started) and not self.stop_reason:
                 self._round(contexts, database, log, started)
                 if self.observer:
-                    self.observer.on_round_end(self.states, time.monotonic() - started)
+                    self.observer.on_round_end(self.states, time.monotonic() - started, {
+                        "tau": self.quality.recent_tau(),
+                        "filtering": self.candidate_filter.trusts(is_trained(self.cost_model), self.quality.recent_tau()),
+                    })
         for ctx in contexts.values():
             ctx.post_tuning()
         if self.observer:
@@ -227,7 +232,7 @@ class TuningSession:
             self.quality.record(state.task.name, plan.scores, latencies, plan.trained)
             self.candidate_filter.observe(plan.proposal_scores, plan.selection,
                                           dict(zip(plan.selection.measure, improved)), plan.trained)
-            rounds.append(TaskRound(state.task.name, best_before, state.best_s, state.proposed))
+            rounds.append(TaskRound(state.task.name, best_before, state.best_s, state.proposed, plan.guided))
             if state.remaining == 0:
                 self._finish(state, contexts)
         decision = self.preemption.after_round(rounds, self.model_latency_s())
@@ -244,7 +249,7 @@ class TuningSession:
 
         ctx = contexts[state.task.name]
         t0 = time.monotonic()
-        trained = is_trained(self.cost_model)
+        trained, guided = is_trained(self.cost_model), is_guiding(self.cost_model)
         with self._searching():
             candidates = list(ctx.generate_measure_candidates() or [])[: state.remaining]
             scores = score(self.cost_model, ctx, candidates)
@@ -255,7 +260,8 @@ class TuningSession:
         selection = self.candidate_filter.select(scores, trained, self.quality.recent_tau())
         state.screened += len(selection.dropped)
         kept = [candidates[i] for i in selection.measure]
-        return _Plan(state, ctx, kept, [tvm_ffi.structural_hash(c.sch.mod) for c in kept], scores, selection, trained)
+        return _Plan(state, ctx, kept, [tvm_ffi.structural_hash(c.sch.mod) for c in kept], scores, selection, trained,
+                     guided)
 
     def _finish(self, state: TaskState, contexts: dict[str, Any]) -> None:
         """End a task; trials it did not use go to the tasks still searching, by work share."""

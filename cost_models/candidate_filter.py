@@ -52,6 +52,10 @@ class CandidateFilter(ABC):
     def observe(self, scores: Sequence[float], selection: Selection, improved: dict[int, bool], trained: bool) -> None:
         """After measurement: ``improved[i]`` says whether measured proposal ``i`` beat its task's best."""
 
+    def trusts(self, trained: bool, recent_tau: float | None) -> bool:
+        """Whether the next round would be filtered."""
+        return False
+
     def report(self) -> dict[str, Any]:
         c = self.counts
         seen = c["explored_measured"] + c["shadow_dropped"]

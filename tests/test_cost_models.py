@@ -269,3 +269,29 @@ def test_filter_and_preemption_in_a_real_session(tmp_path):
     assert len(ranked.get_all_tuning_records()) == len(log)
     assert sum(not m["improved"] for m in log) == session.bill["wasted"]["measurements"]
     assert (tmp_path / "tuning" / "cost_model" / "meta.json").exists()
+
+
+def test_policies_and_bill_work_with_the_stock_engine(tmp_path):
+    """The policies are the session's, not the engine's: MetaSchedule's own builder and runner get a bill too."""
+    from autotune.config import TuneConfig
+    from autotune.pipeline import prepare_model, run_tuning
+    from autotune.policies import PolicySettings, build_policies
+    from autotune.progress import SilentProgress
+
+    config = TuneConfig(model="zoo:mlp", out_dir=tmp_path, trials=6, batch_sizes=(1,), round_size=2, trial_floor=2)
+    prepared = prepare_model(config, SilentProgress())
+    policies = build_policies(PolicySettings(price_per_hour=2.0), prepared.target, 2, 0, [], print)
+    session, _ = run_tuning(prepared.tasks, prepared.plan, prepared.target_spec, prepared.target,
+                            tmp_path / "tuning", engine="stock", round_size=2, policies=policies)
+    bill = session.bill
+    assert session.engine_report["engine"] == "stock"
+    assert bill["phases"]["build"]["cpu_s"] > 0 and bill["phases"]["measure"]["device_s"] > 0
+    assert bill["cost"] == pytest.approx(2.0 * bill["wall_s"] / 3600, rel=1e-3)
+    assert session.policies_report()["filter"]["filter"] == "trimmer"
+
+
+def test_rounds_before_the_model_guides_the_search_do_not_count_toward_a_plateau():
+    p = PlateauPreemption(task_patience=0, min_task_trials=0)
+    assert p.after_round([TaskRound("a", 1.0, 1.0, 16, guided=False)], 1.0).stop_tasks == {}
+    assert p.after_round([TaskRound("a", 1.0, 1.0, 32, guided=False)], 1.0).stop_tasks == {}
+    assert "a" in p.after_round([TaskRound("a", 1.0, 1.0, 48, guided=True)], 1.0).stop_tasks
