@@ -146,7 +146,9 @@ def write_tables(report: dict[str, Any]) -> None:
                          f"{pct(r['wasted_share'])} | {pct(r.get('drop_rate'))} |")
     lines += ["", "| workload | trials (round) | device-s saved | energy saved | wall saved | latency trimmer / engine "
               "| targets met |", "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
-    for name, w in report["workloads"].items():
+    runs = [(name, w) for name, w in report["workloads"].items()]
+    runs += [(f"{name} (rerun)", w) for name, reruns in report.get("reruns", {}).items() for w in reruns]
+    for name, w in runs:
         c = w["trimmer_vs_engine"]
         if "targets_met" not in c:
             continue
@@ -174,6 +176,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", default=",".join(BUDGETS))
     parser.add_argument("--work-root", type=Path, default=Path("results/bench/work/trimmer"))
+    parser.add_argument("--rerun", action="store_true",
+                        help="keep the recorded results and add these runs as reruns, compared side by side")
     args = parser.parse_args()
     from autotune.target import host_cores
 
@@ -184,7 +188,11 @@ def main() -> None:
     for name in args.workloads.split(","):
         if name not in BUDGETS:
             raise SystemExit(f"unknown workload {name!r}; expected one of {', '.join(BUDGETS)}")
-        report["workloads"][name] = bench_workload(name, args.work_root)
+        result = bench_workload(name, args.work_root)
+        if args.rerun:
+            report.setdefault("reruns", {}).setdefault(name, []).append(result)
+        else:
+            report["workloads"][name] = result
         write_tables(report)
     print((OUT_DIR / "trimmer.md").read_text())
 
