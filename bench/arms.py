@@ -60,11 +60,7 @@ def stock(workload: str, trials: int, work_dir: str, warm: bool) -> dict[str, An
         builder.pool.shutdown()  # its workers' CPU time is counted once they are reaped
     records = db.get_all_tuning_records()
     secs = [s for s in (statistics.fmean(float(x) for x in r.run_secs) for r in records if r.run_secs) if s < 1e9]
-    wasted, best = 0, {}
-    for r in records:  # commit order: a record wasted nothing if it beat its workload's best so far
-        key, value = id(r.workload), statistics.fmean(float(x) for x in r.run_secs) if r.run_secs else math.inf
-        wasted += not value < best.get(key, math.inf)
-        best[key] = min(best.get(key, math.inf), value)
+    wasted = never_improved(records)
     from cost_models.energy import EnergyLedger
 
     cpu = _cpu_s() - cpu_before
@@ -72,6 +68,19 @@ def stock(workload: str, trials: int, work_dir: str, warm: bool) -> dict[str, An
                                {"measurements": wasted, "of": len(records), "cpu_s": 0.0, "device_s": 0.0})
     bill["device_s_measuring"] = round(runner.busy_s, 3)
     return {"wall_s": wall, "valid_trials": len(secs), "best_logged_s": min(secs, default=None), "bill": bill}
+
+
+def never_improved(records: list[Any]) -> int:
+    """How many records, in commit order, did not beat their workload's best so far."""
+    import tvm_ffi
+
+    wasted, best = 0, {}
+    for r in records:
+        key = tvm_ffi.structural_hash(r.workload.mod)
+        value = statistics.fmean(float(x) for x in r.run_secs) if r.run_secs else math.inf
+        wasted += not value < best.get(key, math.inf)
+        best[key] = min(best.get(key, math.inf), value)
+    return wasted
 
 
 def _cpu_s() -> float:
