@@ -231,6 +231,9 @@ def calibrate(
     print(f"chosen level {result['chosen_level']} (*); saved to {path}")
 
 
+from autotune import cli_serve  # noqa: E402,F401  (registers serve, qoe and deploy on ``app``)
+
+
 def main() -> None:
     """Console-script entry point."""
     warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)  # torch's own deprecation noise

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from autotune.config import TuneConfig
 from autotune.pipeline import TuneOutcome, tune_model
 from autotune.progress import SilentProgress
+
+if TYPE_CHECKING:
+    from docker import DockerClient
+
+    from containers.backends.docker import DockerBackend
 
 SMALL_TRIALS = 6
 
@@ -22,3 +30,30 @@ def small_config(out: Path, trials: int = SMALL_TRIALS) -> TuneConfig:
 @pytest.fixture(scope="session")
 def tuned_run(tmp_path_factory: pytest.TempPathFactory) -> TuneOutcome:
     return tune_model(small_config(tmp_path_factory.mktemp("run") / "mlp"), SilentProgress())
+
+
+@pytest.fixture(scope="session")
+def docker_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DockerClient]:
+    """A Docker engine for the session: one already running (left running), else dockerd started here and stopped after.
+
+    Skips, with the reason in one line, only where no engine runs and none can be started.
+    """
+    from containers.backends.engine import ensure_engine
+    from containers.errors import BackendUnavailable
+
+    with ExitStack() as stack:
+        try:
+            client = stack.enter_context(ensure_engine(tmp_path_factory.mktemp("dockerd") / "dockerd.log"))
+        except BackendUnavailable as err:
+            pytest.skip(str(err))
+        yield client
+
+
+@pytest.fixture
+def docker_backend(docker_engine: DockerClient) -> Iterator[DockerBackend]:
+    """A Docker backend on the session's engine; the containers it started are stopped after the test."""
+    from containers.backends.docker import DockerBackend
+
+    backend = DockerBackend(docker_engine)
+    yield backend
+    backend.close()

@@ -1,0 +1,123 @@
+"""The container backend: what the QoE manager and the planner may ask of a container engine.
+
+A backend starts model servers, changes their CPU limit and cpuset while they run,
+reports the CPU they use, and stops them. It holds no policy: who gets how much CPU
+is decided above it (``containers.qoe``) and handed down as numbers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+
+from containers.errors import ContainerError
+
+HOST = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """One model server to run.
+
+    Attributes:
+        name: unique among the backend's containers; letters, digits, ``-`` and ``_``.
+        artifact: the artifact folder the server loads (its hashes are checked there).
+        port: the server's port on ``host``.
+        threads: TVM runtime threads inside the server.
+        cpus: CPU limit in cores (a CFS quota); None for no limit.
+        cpuset: cores the container may run on; None for any.
+        host: the address the server binds.
+    """
+
+    name: str
+    artifact: Path
+    port: int
+    threads: int = 1
+    cpus: float | None = None
+    cpuset: tuple[int, ...] | None = None
+    host: str = HOST
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class ContainerInfo:
+    """A container as the backend sees it now."""
+
+    spec: ContainerSpec
+    running: bool
+    cpus: float | None
+    cpuset: tuple[int, ...] | None
+    ident: str  # the engine's id (Docker) or the server's pid (local)
+
+
+class ContainerBackend(ABC):
+    """Start, resize, observe and stop model-server containers."""
+
+    kind: str = ""
+
+    @abstractmethod
+    def start(self, spec: ContainerSpec, timeout_s: float = 60.0) -> ContainerInfo:
+        """Start ``spec`` and return once its server answers ``/health``.
+
+        Raises:
+            ContainerError: the name is taken, or the server did not become healthy in time.
+            BackendUnavailable: the engine cannot be reached.
+        """
+
+    @abstractmethod
+    def resize(self, name: str, cpus: float | None, cpuset: tuple[int, ...] | None = None) -> None:
+        """Set the CPU limit (cores; None lifts it) and, when given, the cpuset of a running container."""
+
+    @abstractmethod
+    def usage(self, name: str) -> float:
+        """CPU the container used since the previous call for it (cores, e.g. 0.5 = half a core)."""
+
+    @abstractmethod
+    def stop(self, name: str) -> None:
+        """Stop and remove the container; stopping one already gone is not an error."""
+
+    @abstractmethod
+    def list(self) -> list[ContainerInfo]:
+        """Every container this backend started and has not stopped, running or not."""
+
+    def close(self) -> None:
+        """Stop every container this backend started."""
+        for info in self.list():
+            self.stop(info.spec.name)
+
+    def info(self, name: str) -> ContainerInfo:
+        from containers.errors import UnknownContainer
+
+        for info in self.list():
+            if info.spec.name == name:
+                return info
+        raise UnknownContainer(f"no container named {name!r}; running: {', '.join(i.spec.name for i in self.list()) or 'none'}")
+
+
+def wait_healthy(spec: ContainerSpec, timeout_s: float, alive: Callable[[], bool] | None = None) -> None:
+    """Poll the server's ``/health`` until it answers 200; raise ``ContainerError`` after ``timeout_s``.
+
+    ``alive`` (when given) is asked between polls so a server that died is reported at once.
+    """
+    import requests
+
+    deadline = time.monotonic() + timeout_s
+    last = "no answer"
+    while time.monotonic() < deadline:
+        if alive is not None and not alive():
+            raise ContainerError(f"container {spec.name} exited before its server answered /health")
+        try:
+            reply = requests.get(f"{spec.url}/health", timeout=2)
+            if reply.status_code == 200:
+                return
+            last = f"HTTP {reply.status_code}"
+        except requests.RequestException as err:
+            last = type(err).__name__
+        time.sleep(0.2)
+    raise ContainerError(f"container {spec.name} did not answer {spec.url}/health within {timeout_s:.0f} s ({last})")

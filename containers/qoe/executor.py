@@ -1,0 +1,35 @@
+"""The Executor: reads each container's CPU usage and applies new limits through the backend."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from containers.backends.base import ContainerBackend
+
+
+@dataclass
+class Executor:
+    backend: ContainerBackend
+    limits: dict[str, float | None] = field(default_factory=dict)
+    updates: int = 0  # limit changes applied, all containers together
+
+    def usage(self, name: str) -> float:
+        return self.backend.usage(name)
+
+    def apply(self, limits: dict[str, float | None]) -> int:
+        """Set every limit in ``limits`` live; returns how many changed."""
+        changed = 0
+        for name, cpus in limits.items():
+            if self.limits.get(name, "unset") == cpus:
+                continue
+            self.backend.resize(name, cpus)
+            self.limits[name] = cpus
+            changed += 1
+        self.updates += changed
+        return changed
+
+    def limit(self, name: str) -> float | None:
+        return self.limits.get(name)
+
+    def forget(self, name: str) -> None:
+        self.limits.pop(name, None)

@@ -1,0 +1,252 @@
+"""Container backends against the real thing: a Docker engine, the cgroup tree, the model server.
+
+Limits are checked where the engine and kernel keep them (``docker inspect``, cgroup files)
+and by their effect (CPU used under load), since a backend that only records what it was
+asked would pass a test that reads its own answers back.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+
+from containers import wire
+from containers.backends import create_backend
+from containers.backends.base import ContainerBackend, ContainerSpec
+from containers.backends.local import LocalBackend
+from containers.errors import BackendUnavailable, ContainerError, ScenarioError, UnknownContainer
+
+LOAD_S = 2.0
+
+
+def _spec(artifact: Path, **limits: object) -> ContainerSpec:
+    """A spec with a name and port of its own, so concurrent runs on one engine do not collide."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return ContainerSpec(name=f"test-{uuid.uuid4().hex[:8]}", artifact=Path(artifact), port=port, **limits)
+
+
+def _usage_under_load(backend: ContainerBackend, spec: ContainerSpec) -> float:
+    """Cores the container used while a thread sent it inference requests back to back."""
+    model = requests.get(f"{spec.url}/health", timeout=5).json()["model"]
+    media, body = wire.encode_arrays([np.zeros(item["shape"], item["dtype"]) for item in model["inputs"]])
+    answered: list[int] = []
+
+    def send(until: float) -> None:
+        with requests.Session() as session:
+            while time.monotonic() < until:
+                answered.append(session.post(f"{spec.url}/v1/infer", data=body, headers={"Content-Type": media},
+                                             timeout=10).status_code)
+
+    sender = threading.Thread(target=send, args=(time.monotonic() + LOAD_S + 0.5,))
+    sender.start()
+    time.sleep(0.3)
+    backend.usage(spec.name)  # the baseline, once the load runs
+    time.sleep(LOAD_S)
+    used = backend.usage(spec.name)
+    sender.join()
+    assert answered and set(answered) == {200}
+    return used
+
+
+def _killed_from_outside_then_stopped(backend: ContainerBackend, spec: ContainerSpec,
+                                      kill: Callable[[], object]) -> None:
+    kill()
+    deadline = time.monotonic() + 10
+    while backend.info(spec.name).running and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [info.running for info in backend.list() if info.spec.name == spec.name] == [False]
+    assert backend.usage(spec.name) == 0.0
+    backend.stop(spec.name)
+    backend.stop(spec.name)
+    assert spec.name not in [info.spec.name for info in backend.list()]
+    with pytest.raises(UnknownContainer):
+        backend.resize(spec.name, 1.0)
+
+
+# Docker
+
+
+@pytest.mark.docker
+def test_docker_limits_are_set_and_changed_live(docker_backend, tuned_run):
+    spec = _spec(tuned_run.artifact, cpus=0.5, cpuset=(0,))
+    info = docker_backend.start(spec)
+    assert requests.get(f"{spec.url}/health", timeout=5).status_code == 200
+    assert (info.running, info.cpus, info.cpuset) == (True, 0.5, (0,))
+    container = docker_backend.client.containers.get(info.ident)
+
+    def inspected() -> tuple[int, int, str]:
+        container.reload()
+        host = container.attrs["HostConfig"]
+        return host["CpuQuota"], host["CpuPeriod"], host["CpusetCpus"]
+
+    assert inspected() == (50_000, 100_000, "0")
+    docker_backend.resize(spec.name, 1.0, (0, 1))
+    assert inspected() == (100_000, 100_000, "0,1")
+    docker_backend.resize(spec.name, None)
+    quota, _, cpuset = inspected()
+    assert quota <= 0 and cpuset == "0,1"
+    assert (docker_backend.info(spec.name).cpus, docker_backend.info(spec.name).cpuset) == (None, (0, 1))
+    assert requests.get(f"{spec.url}/health", timeout=5).status_code == 200
+
+
+@pytest.mark.docker
+def test_docker_usage_is_held_under_the_quota(docker_backend, tuned_run):
+    spec = _spec(tuned_run.artifact)
+    docker_backend.start(spec)
+    docker_backend.resize(spec.name, 0.25)
+    assert 0.0 < _usage_under_load(docker_backend, spec) < 0.4
+
+
+@pytest.mark.docker
+def test_docker_container_killed_from_outside_is_listed_as_not_running(docker_backend, docker_engine, tuned_run):
+    spec = _spec(tuned_run.artifact)
+    docker_backend.start(spec)
+    _killed_from_outside_then_stopped(docker_backend, spec, docker_engine.containers.get(f"autotune-{spec.name}").kill)
+
+
+@pytest.mark.docker
+def test_docker_bad_artifact_fails_fast_with_the_server_log(docker_backend, tmp_path):
+    spec = _spec(tmp_path)
+    started = time.monotonic()
+    with pytest.raises(ContainerError, match="not an artifact"):
+        docker_backend.start(spec)
+    assert time.monotonic() - started < 30
+    assert spec.name not in [info.spec.name for info in docker_backend.list()]
+
+
+@pytest.mark.docker
+def test_docker_unknown_names_and_auto_kind(docker_backend, docker_engine):
+    with pytest.raises(UnknownContainer, match="nope"):
+        docker_backend.usage("nope")
+    with pytest.raises(UnknownContainer):
+        docker_backend.resize("nope", 1.0)
+    docker_backend.stop("nope")
+    assert create_backend("auto").kind == "docker"
+
+
+def test_unreachable_engine_is_backend_unavailable_quickly(tmp_path):
+    import docker
+
+    from containers.backends.docker import DockerBackend
+    from containers.backends.engine import engine_client
+
+    bogus = f"unix://{tmp_path}/docker.sock"
+    started = time.monotonic()
+    with pytest.raises(BackendUnavailable, match="is not answering"):
+        engine_client(2.0, base_url=bogus)
+    backend = DockerBackend(docker.DockerClient(base_url=bogus, version="1.41", timeout=2))
+    with pytest.raises(BackendUnavailable, match=f"{tmp_path}/docker.sock is not answering"):
+        backend.list()
+    with pytest.raises(BackendUnavailable):
+        backend.start(_spec(tmp_path))
+    assert time.monotonic() - started < 10
+
+
+def test_ensure_engine_says_what_is_missing(monkeypatch, tmp_path):
+    from containers.backends import engine
+
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/docker.sock")
+    monkeypatch.setattr(engine.shutil, "which", lambda name: None)
+    with pytest.raises(BackendUnavailable, match="not answering: .*; and dockerd is not installed"):
+        with engine.ensure_engine():
+            pass
+    monkeypatch.setattr(engine.shutil, "which", lambda name: "/usr/sbin/dockerd")
+    monkeypatch.setattr(engine.os, "geteuid", lambda: 1000)
+    with pytest.raises(BackendUnavailable, match="starting dockerd needs root"):
+        with engine.ensure_engine():
+            pass
+
+
+# Checks shared by both backends, without starting anything
+
+
+def test_bad_names_limits_and_kinds_are_one_line_errors(tmp_path):
+    backend = LocalBackend(tmp_path)
+    with pytest.raises(ScenarioError, match="letters, digits, '-' and '_' only. Got 'a b'"):
+        backend.start(ContainerSpec(name="a b", artifact=tmp_path, port=8000))
+    with pytest.raises(ScenarioError, match="'cpus' of container x"):
+        backend.start(ContainerSpec(name="x", artifact=tmp_path, port=8000, cpus=0))
+    with pytest.raises(ScenarioError, match="'cpuset' of container x"):
+        backend.start(ContainerSpec(name="x", artifact=tmp_path, port=8000, cpuset=(os.cpu_count(),)))
+    with pytest.raises(ContainerError, match="docker, local, auto. Got 'podman'"):
+        create_backend("podman")
+    assert create_backend(backend) is backend
+    assert backend.list() == []
+
+
+# Local: processes in cgroups
+
+
+def _cgroup_limits(backend: LocalBackend, name: str) -> tuple[str, str]:
+    """(quota, cores) as the kernel holds them: cfs_quota_us or cpu.max's first field, and cpuset.cpus."""
+    root = backend.cgroup_root
+    if backend.limits == "cgroup v1":
+        quota = (root / "cpu" / "autotune" / name / "cpu.cfs_quota_us").read_text()
+        return quota.strip(), (root / "cpuset" / "autotune" / name / "cpuset.cpus").read_text().strip()
+    group = root / "autotune" / name
+    return (group / "cpu.max").read_text().split()[0], (group / "cpuset.cpus").read_text().strip()
+
+
+def test_local_cgroup_quota_is_honoured_and_resized(tuned_run, tmp_path):
+    backend = LocalBackend(log_dir=tmp_path)
+    if backend.limits == "core affinity only":
+        pytest.skip(backend.warning)
+    spec = _spec(tuned_run.artifact, cpus=1.0, cpuset=(0,))
+    try:
+        assert backend.start(spec).running
+        assert _cgroup_limits(backend, spec.name) == ("100000", "0")
+        backend.resize(spec.name, 0.25)
+        assert _cgroup_limits(backend, spec.name) == ("25000", "0")
+        assert 0.0 < _usage_under_load(backend, spec) < 0.4
+        backend.resize(spec.name, None, (1,))
+        assert _cgroup_limits(backend, spec.name) in (("-1", "1"), ("max", "1"))
+        assert (backend.info(spec.name).cpus, backend.info(spec.name).cpuset) == (None, (1,))
+    finally:
+        backend.close()
+    assert not (backend.cgroup_root / "cpu" / "autotune" / spec.name).exists()
+    assert not (backend.cgroup_root / "autotune" / spec.name).exists()
+
+
+def test_local_falls_back_to_core_affinity_where_cgroups_cannot_be_used(tuned_run, tmp_path):
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two cores to tell pinned from unpinned")
+    readonly = tmp_path / "cgroup"
+    readonly.mkdir(mode=0o555)
+    backend = LocalBackend(readonly, log_dir=tmp_path)
+    assert backend.limits == "core affinity only"
+    assert str(readonly) in backend.warning and "floor(c) whole cores" in backend.warning
+    first, second = sorted(os.sched_getaffinity(0))[:2]
+    spec = _spec(tuned_run.artifact, cpus=1.5)
+    try:
+        pid = int(backend.start(spec).ident)
+        assert _thread_cores(pid) == {(first,)}
+        backend.resize(spec.name, None, (second,))
+        assert _thread_cores(pid) == {(second,)}
+        _killed_from_outside_then_stopped(backend, spec, lambda: os.kill(pid, signal.SIGKILL))
+    finally:
+        backend.close()
+
+
+def test_local_bad_artifact_fails_with_the_server_log(tmp_path):
+    backend = LocalBackend(tmp_path / "no-cgroups", log_dir=tmp_path)
+    with pytest.raises(ContainerError, match="exited before .* its log ends: .*not an artifact"):
+        backend.start(_spec(tmp_path))
+    assert backend.list() == []
+
+
+def _thread_cores(pid: int) -> set[tuple[int, ...]]:
+    import psutil
+
+    return {tuple(sorted(os.sched_getaffinity(thread.id))) for thread in psutil.Process(pid).threads()}

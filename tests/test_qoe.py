@@ -1,0 +1,147 @@
+"""The QoE manager's algorithms and loop, on a simulated host (real Docker runs in test_qoe_docker.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from containers.errors import ScenarioError, UnknownContainer
+from containers.qoe.algorithm import DQoES, NoLimits, QoeClass, Reading, StaticEqual, classify, create_policy
+from containers.qoe.listener import AdaptiveListener, FixedListener, create_listener
+from containers.qoe.manager import QoeManager
+from containers.qoe.monitors import ApplicationMonitor, HistogramSnapshot
+from tests.fakes import SimulatedHost, spec
+
+# six containers of 20 ms of one core per request on two cores; default Docker gives each a
+# third of a core (60 ms): targets a-c are reachable with more or less CPU, f (10 ms) is not.
+WORK = {n: 20.0 for n in "abcdef"}
+TARGETS = {"a": 30.0, "b": 40.0, "c": 100.0, "d": 110.0, "e": 90.0, "f": 10.0}
+
+
+def r(name: str, target: float, response: float, usage: float, limit: float | None = None) -> Reading:
+    return Reading(name, target, response, usage, limit)
+
+
+def test_classify_puts_each_container_in_g_s_or_b_with_the_papers_sums() -> None:
+    c = classify([r("g", 100, 50, 0.5), r("s", 100, 105, 0.3), r("b", 100, 150, 0.2), r("b2", 10, 12, 0.1)], 0.1)
+    assert c.classes == {"g": QoeClass.G, "s": QoeClass.S, "b": QoeClass.B, "b2": QoeClass.B}
+    assert (c.q_g, c.q_b, c.r_g, c.r_b, c.satisfied) == (50, -52, 0.5, 0.30000000000000004, 1)
+
+
+def test_dqoes_moves_cpu_from_g_to_b_in_proportion_to_their_gaps() -> None:
+    readings = [r("g1", 100, 40, 0.6), r("g2", 100, 80, 0.4), r("b1", 50, 100, 0.5), r("b2", 50, 75, 0.5),
+                r("s", 50, 52, 0.3, 0.3)]
+    limits = DQoES(alpha=0.1, beta=0.1).allocate(readings, host_cpus=2)
+    # G's usage 1.0 x beta 0.1 = 0.1 cores, split 60:20 by quality; B gets it back split 50:25
+    assert limits["g1"] == pytest.approx(0.6 - 0.075) and limits["g2"] == pytest.approx(0.4 - 0.025)
+    assert limits["b1"] == pytest.approx(0.5 + 0.1 * 2 / 3, abs=1e-3)
+    assert limits["b2"] == pytest.approx(0.5 + 0.1 / 3, abs=1e-3)
+    assert "s" not in limits  # satisfied containers keep their limit
+
+
+def test_dqoes_respects_floor_and_ceiling_and_gives_nothing_when_g_has_nothing_to_give() -> None:
+    policy = DQoES(alpha=0.1, beta=0.5)
+    limits = policy.allocate([r("g", 100, 10, 0.2), r("b", 10, 100, 1.9)], host_cpus=2)
+    assert limits["g"] == pytest.approx(0.5)  # floor 2 / (2 x 2): raised, not cut, so nothing saved
+    assert "b" not in limits
+    limits = DQoES(alpha=0.1, beta=0.5, floor_cpus=0.05).allocate([r("g", 100, 10, 0.4), r("b", 10, 100, 1.9)], 2)
+    assert limits["b"] == 2.0  # ceiling: the host's cores
+    assert DQoES().allocate([r("b", 10, 100, 1.0), r("b2", 10, 50, 1.0)], 2) == {}
+
+
+def test_baselines_and_factory() -> None:
+    readings = [r("x", 10, 10, 1.0, 0.5), r("y", 10, 10, 1.0)]
+    assert NoLimits().allocate(readings, 2) == {"x": None}
+    assert StaticEqual().allocate(readings, 2) == {"x": 1.0, "y": 1.0}
+    assert create_policy("static").name == "static"
+    with pytest.raises(ScenarioError, match="unknown allocation policy 'fair'"):
+        create_policy("fair")
+    with pytest.raises(ScenarioError, match="beta must be in"):
+        DQoES(beta=1.5)
+
+
+def _c(q_g: float, q_b: float, satisfied: int):
+    classes = {f"s{i}": QoeClass.S for i in range(satisfied)}
+    return classify([], 0.1).__class__(classes, {}, q_g, q_b, 0.0, 0.0)
+
+
+def test_adaptive_listener_doubles_after_three_converging_rounds_and_resets_when_s_drops() -> None:
+    lis = AdaptiveListener(initial_s=10, alpha=0.1, max_s=40)
+    assert lis.observe(_c(50, -50, 1)) == 10  # first look: nothing to compare with
+    assert [lis.observe(_c(g, b, 1)) for g, b in [(40, -40), (30, -35), (30, -30)]] == [10, 10, 20]
+    assert [lis.observe(_c(30, -30, 1)) for _ in range(3)] == [20, 20, 40]
+    assert [lis.observe(_c(30, -30, 1)) for _ in range(3)] == [40, 40, 40]  # capped at max_s
+    assert lis.observe(_c(30, -30, 0)) == 10  # |S| dropped: back to the initial interval at once
+    assert lis.observe(_c(30, -60, 0)) == 10 and lis._streak == 0  # B's gap grew: bouncing, keep
+    assert FixedListener(5).observe(_c(0, 0, 3)) == 5
+    with pytest.raises(ScenarioError, match="positive number of seconds; got 0"):
+        create_listener("adaptive", interval_s=0)
+
+
+def test_histogram_statistics_from_bucket_deltas() -> None:
+    before = HistogramSnapshot((0.01, 0.02, 0.04, float("inf")), (0, 0, 0, 0), 0.0, 0)
+    after = HistogramSnapshot((0.01, 0.02, 0.04, float("inf")), (10, 60, 100, 100), 2.0, 100)
+    d = after.since(before)
+    assert d.statistic_s("mean") == pytest.approx(0.02)
+    assert d.statistic_s("p50") == pytest.approx(0.01 + 0.01 * 40 / 50)
+    assert d.statistic_s("p99") == pytest.approx(0.02 + 0.02 * 39 / 40)
+    assert after.since(after).statistic_s("mean") is None  # nothing served in the interval
+    with pytest.raises(ScenarioError, match="statistic 'p42'"):
+        ApplicationMonitor(statistic="p42")
+
+
+def _manager(policy, listener=None, on_exit: str = "restart") -> tuple[QoeManager, SimulatedHost]:
+    host = SimulatedHost(2.0, WORK)
+    m = QoeManager(host, policy, listener or FixedListener(1.0), host_cpus=2.0, on_exit=on_exit,
+                   monitor=ApplicationMonitor(scraper=host.scrape))
+    for i, name in enumerate(WORK):
+        m.join(spec(name, 9000 + i), TARGETS[name])
+    return m, host
+
+
+def _satisfied_after(m: QoeManager, iterations: int) -> int:
+    for _ in range(iterations):
+        m.step()
+    return m.timeline[-1]["counts"]["S"]
+
+
+def test_dqoes_satisfies_more_containers_than_default_or_static_limits() -> None:
+    default, static, dqoes = (_satisfied_after(_manager(p)[0], 40) for p in (NoLimits(), StaticEqual(), DQoES()))
+    assert default == 0 and static == 0
+    assert dqoes >= 3
+    m, host = _manager(DQoES())
+    _satisfied_after(m, 40)
+    assert sum(host.cores().values()) <= 2.0 + 1e-6
+    assert all(row["limit_cpus"] >= 2 / 12 - 1e-3 for row in m.status()["containers"])  # the floor held
+
+
+def test_adaptive_listener_backs_off_once_dqoes_converges() -> None:
+    m, _ = _manager(DQoES(), AdaptiveListener(initial_s=1.0))
+    waits = [m.step() for _ in range(60)]
+    assert waits[-1] >= 8 and max(waits) == waits[-1]
+
+
+def test_a_killed_container_is_restarted_or_dropped_and_the_loop_goes_on() -> None:
+    m, host = _manager(DQoES())
+    m.step()
+    host.kill("c")
+    m.step()
+    assert host.containers["c"].running and any(e["event"] == "exited" for e in m.status()["events"])
+    m, host = _manager(DQoES(), on_exit="drop")
+    m.step()
+    host.kill("c")
+    m.step()
+    assert "c" not in host.containers and "c" not in m.workers.pool
+    assert m.step() > 0
+
+
+def test_targets_change_while_running_and_bad_targets_are_refused() -> None:
+    m, _ = _manager(DQoES())
+    m.analyst.set_target("f", "75")
+    m.analyst.remove_target("e")
+    m.step()
+    assert m.analyst.target("f") == 75.0 and "e" not in m.timeline[-1]["containers"]
+    for bad, msg in [(0, "positive"), (-3, "positive"), ("fast", "must be a number"), (float("nan"), "positive")]:
+        with pytest.raises(ScenarioError, match=msg):
+            m.analyst.set_target("a", bad)
+    with pytest.raises(UnknownContainer, match="no container named 'zz'"):
+        m.analyst.set_target("zz", 10)
