@@ -107,6 +107,8 @@ def prepare_model(config: TuneConfig, observer: PipelineObserver) -> PreparedMod
     default_batches = (base,) if model.fixed_shapes else (base, 4 * base)
     observer.on_phase("exporting")
     variants = {b: model.with_batch(b) for b in sorted(set(config.batch_sizes or default_batches))}
+    if base not in variants:  # --batch-sizes without the example's batch: the smallest asked for leads
+        base = min(variants)
     programs = {b: export(v) for b, v in variants.items()}
 
     from measure.tvm_import import import_meta_schedule

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -130,3 +131,12 @@ def test_failed_run_leaves_no_artifact(tmp_path, monkeypatch):
         tune_model(small_config(tmp_path / "run", trials=3), SilentProgress())
     assert not (tmp_path / "run" / "artifact").exists()
     assert [p.name for p in (tmp_path / "run").iterdir()] == ["tuning"]
+
+
+@pytest.mark.slow
+def test_batch_sizes_without_the_example_batch(tmp_path):
+    """--batch-sizes 3 for a model whose example batch is 1: batch 3 leads the manifest and serves."""
+    config = replace(small_config(tmp_path / "b3"), batch_sizes=(3,))
+    outcome = tune_model(config, SilentProgress())
+    assert outcome.manifest["model"]["batch_sizes"] == [3] and outcome.manifest["latency"]["batch_size"] == 3
+    assert outcome.manifest["model"]["inputs"][0]["shape"] == [3, 784]
