@@ -216,3 +216,50 @@ def deploy_compare(
         table.add_row(r["scheme"], "yes" if r["pinned"] else "no", str(r["requests"]), str(r["failed"]),
                       f"{r['throughput_per_s']:,.1f}", str(r["p50_ms"]), str(r["p99_ms"]))
     Console().print(table)
+
+
+@app.command()
+def profile(
+    artifact: Annotated[Path, typer.Argument(help="artifact folder (or the run folder holding it)")],
+    configs: Annotated[str, typer.Option(help="container sizes in cores (CPU limit; pinned to as many cores)")] = "0.5,1,2",
+    batch_sizes: Annotated[str, typer.Option(help="items per request to measure")] = "1,2,4,8",
+    seconds: Annotated[float, typer.Option(help="seconds of closed-loop load per configuration")] = 5.0,
+    backend: Annotated[str, typer.Option(help="docker, local (cgroups) or auto")] = "auto",
+    as_json: Annotated[bool, typer.Option("--json", help="print the new entries as JSON")] = False,
+) -> None:
+    """Measure latency and throughput in containers of each size and batch size; add them to profile.json."""
+    from dataclasses import asdict
+
+    from autotune.cli import _ints
+    from autotune.errors import AutotuneError
+    from containers.backends import create_backend
+    from containers.errors import ContainerError
+    from containers.profiling import ContainerSize, available_cores, merge_profile, profile_in_containers
+    from results.artifact import open_artifact, rewrite_profile
+    from results.errors import ArtifactError
+    from results.profile import read_profile
+
+    try:
+        art = open_artifact(artifact)
+        sizes = [ContainerSize.parse(c, available_cores()) for c in configs.split(",")]
+        batches = _ints(batch_sizes, "--batch-sizes") or ()
+        engine = create_backend(backend)
+        try:
+            entries = profile_in_containers(engine, art.path, sizes, batches, seconds)
+        finally:
+            engine.close()
+        rewrite_profile(art.path, merge_profile(read_profile(art.path / "profile.json"), entries))
+    except (ContainerError, ArtifactError, AutotuneError) as err:
+        _fail(err)
+        return
+    if as_json:
+        print(json.dumps([asdict(e) for e in entries], indent=2))
+        return
+    table = Table(title=f"profile of {art.path} in {engine.kind} containers ({seconds:g} s per row)")
+    for col in ("cores", "batch", "p50 ms", "p99 ms", "items/s"):
+        table.add_column(col, justify="right")
+    for e in entries:
+        table.add_row(f"{e.hardware['cpu_limit']:g}", str(e.batch_size), f"{e.latency_ms.p50:.2f}",
+                      f"{e.latency_ms.p99:.2f}", f"{e.throughput_per_s:,.1f}")
+    Console().print(table)
+    print(f"profile.json of {art.path} updated ({len(entries)} entries)")

@@ -95,6 +95,23 @@ class Artifact:
         return load_verified_library(self.path / name, self.manifest["files"][name])
 
 
+def rewrite_profile(path: str | Path, profile: Any) -> Path:
+    """Replace an artifact's ``profile.json`` (a ``results.profile.Profile``) and re-hash it.
+
+    The artifact is verified first, copied to a temporary sibling, given the new profile and
+    a manifest with fresh hashes, and renamed into place: a reader never sees a profile
+    that its manifest does not vouch for.
+    """
+    artifact = open_artifact(path)
+    with ArtifactWriter(artifact.path) as writer:
+        for name in artifact.manifest["files"]:
+            (writer.path / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(artifact.path / name, writer.path / name)
+        profile.write(writer.path / PROFILE)
+        manifest = {k: v for k, v in artifact.manifest.items() if k not in ("schema_version", "files")}
+        return writer.commit(manifest)
+
+
 def open_artifact(path: str | Path) -> Artifact:
     """Open and verify an artifact folder (or a run folder holding ``artifact/``).
 
