@@ -232,6 +232,7 @@ def calibrate(
 
 
 from autotune import cli_serve  # noqa: E402,F401  (registers serve, qoe and deploy on ``app``)
+from autotune import cli_plan  # noqa: E402,F401  (registers plan on ``app``)
 
 
 def main() -> None:

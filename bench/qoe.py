@@ -36,7 +36,7 @@ LAYOUT = ["mlp", "bert_ffn", "mlp", "bert_ffn", "mlp", "bert_ffn"]
 # arm and the rerun see the same targets: one unachievable (0.8), two that need a little more than a
 # fair share (3.0, 3.4), one at about the fair share (4.0), two that need less (5.0, 6.0).
 TARGET_FACTORS = [0.8, 3.0, 3.4, 4.0, 5.0, 6.0]
-DURATIONS = {"burst": 240.0, "fixed": 270.0, "random": 270.0}
+DURATIONS = {"burst": 200.0, "fixed": 220.0, "random": 220.0}
 ARMS = {"default": ("none", "fixed"), "static": ("static", "fixed"), "dqoes": ("dqoes", "adaptive"),
         "dqoes_fixed": ("dqoes", "fixed")}
 TARGETS = {"satisfied_ratio_vs_default": 2.0, "converge_iterations": 10, "adaptive_fewer_adjustments": 0.5}
@@ -90,30 +90,42 @@ def scenario_for(schedule: str, arm: str, artifacts: dict[str, Path], fastest: d
                     schedule=Schedule(schedule, interval_s=10.0, window_s=60.0, seed=7))
 
 
-def run_arm(backend: Any, scenario: Any) -> dict[str, Any]:
+def run_arm(backend: Any, scenario: Any, runs_dir: Path) -> dict[str, Any]:
     from containers.qoe.run import run_scenario
 
-    run_dir = WORK / "runs" / scenario.name
+    run_dir = runs_dir / scenario.name
     shutil.rmtree(run_dir, ignore_errors=True)
     print(f"[qoe] {scenario.name} ({scenario.duration_s:.0f} s) ...", file=sys.stderr, flush=True)
-    record = run_scenario(scenario, run_dir, backend=backend)
+    return row_from_record(run_scenario(scenario, run_dir, backend=backend), runs_dir)
+
+
+def row_from_record(record: dict[str, Any], runs_dir: Path) -> dict[str, Any]:
+    """The figures the issue asks for, from one run's ``qoe.json`` (so tables can be rebuilt from records)."""
+    from containers.qoe.run import late_mean, satisfied_by_window, summarize
+
+    scenario = record["scenario"]
+    name = scenario["name"]
     plots = OUT_DIR / "qoe"
     plots.mkdir(parents=True, exist_ok=True)
-    shutil.copy(run_dir / "timeline.png", plots / f"{scenario.name}.png")
-    s = record["summary"]
+    tag = "" if runs_dir.name == "runs" else f"-rerun{runs_dir.name}"
+    shutil.copy(runs_dir / name / "timeline.png", plots / f"{name}{tag}.png")
+    last_join = max(record["joined_at"].values())
+    s = summarize(record["timeline"], last_join, record["wall_s"])
+    targets = {c["name"]: c["target_ms"] for c in scenario["containers"]}
+    satisfied = satisfied_by_window(record["windows"], targets, scenario["alpha"])
     requests = record["requests"]
     return {
-        "satisfied_final": s["satisfied_final"], "satisfied_mean": s.get("satisfied_mean"),
-        "satisfied_over_time": [[t["t"], t["counts"]["S"]] for t in record["timeline"] if t["counts"]],
+        "satisfied_late_mean": late_mean(satisfied, last_join, record["wall_s"]),
+        "satisfied_by_window": satisfied,
+        "satisfied_at_iterations": [[t["t"], t["counts"]["S"]] for t in record["timeline"] if t["counts"]],
         "converged_after_iterations": s["converged_after_iterations"], "converged_at_s": s.get("converged_at_s"),
-        "last_join_s": round(max(record["joined_at"].values()), 1),
-        "quality_sums_final": s.get("quality_sums_final"), "iterations": s["iterations"],
-        "limit_changes": s["limit_changes"],
+        "last_join_s": round(last_join, 1), "quality_sums_final": s.get("quality_sums_final"),
+        "iterations": record["status"]["iterations"], "limit_changes": record["status"]["limit_changes"],
         "iterations_after_converged_per_min": s.get("iterations_after_converged_per_min"),
-        "manager_cpu_s": s["manager_cpu_s"], "manager_cpu_share": s["manager_cpu_share"],
+        "manager_cpu_s": record["status"]["manager_cpu_s"], "manager_cpu_share": record["status"]["manager_cpu_share"],
         "requests_sent": sum(r["sent"] for r in requests.values()),
         "requests_failed": sum(r["failed"] for r in requests.values()),
-        "final_table": record["status"]["containers"], "plot": f"qoe/{scenario.name}.png",
+        "final_table": record["status"]["containers"], "plot": f"qoe/{name}{tag}.png",
     }
 
 
@@ -131,15 +143,16 @@ def verdict(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     default, dqoes, fixed = (runs.get(f"burst-{a}") for a in ("default", "dqoes", "dqoes_fixed"))
     out: dict[str, Any] = {}
     if default and dqoes:
-        out["satisfied_ratio_vs_default"] = round(dqoes["satisfied_final"] / max(default["satisfied_final"], 0.5), 2)
-        out["satisfied"] = {"default": default["satisfied_final"], "dqoes": dqoes["satisfied_final"]}
+        d, q = default["satisfied_late_mean"], dqoes["satisfied_late_mean"]
+        out["satisfied"] = {"default": d, "dqoes": q}
+        out["satisfied_ratio_vs_default"] = round(q / d, 2) if d else None
         out["converge_iterations"] = max((r["converged_after_iterations"] or 0) for k, r in runs.items() if "dqoes" in k)
     if dqoes and fixed:
         a, f = dqoes["iterations_after_converged_per_min"], fixed["iterations_after_converged_per_min"]
         out["adaptive_fewer_adjustments"] = round(1 - a / f, 3) if f else None
-        out["adaptive_keeps_satisfied"] = dqoes["satisfied_final"] >= fixed["satisfied_final"]
+        out["adaptive_keeps_satisfied"] = dqoes["satisfied_late_mean"] >= fixed["satisfied_late_mean"] - 0.25
     met = []
-    if out.get("satisfied_ratio_vs_default", 0) >= TARGETS["satisfied_ratio_vs_default"]:
+    if (out.get("satisfied_ratio_vs_default") or 0) >= TARGETS["satisfied_ratio_vs_default"]:
         met.append("satisfied_ratio_vs_default")
     if out.get("converge_iterations", 99) <= TARGETS["converge_iterations"]:
         met.append("converge_iterations")
@@ -154,13 +167,13 @@ def write_markdown(report: dict[str, Any], path: Path) -> None:
     lines = [f"# QoE benchmark (DQoES), {report['machine']['cpus']} cores, Docker {report['machine']['docker']}", "",
              "Fastest mean server time alone: " + ", ".join(f"{k} {v:.2f} ms" for k, v in report["fastest_ms"].items())
              + f". Targets: {report['targets_ms']}.", "",
-             "| run | satisfied (final) | satisfied (mean) | converged after (iterations) | iterations | limit changes "
+             "| run | satisfied (2nd half, mean) | converged after (iterations) | iterations | limit changes "
              "| iterations/min once converged | manager CPU | requests (failed) |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for block in [report, *report.get("reruns", [])]:
         tag = " (rerun)" if block is not report else ""
         for name, r in block["runs"].items():
-            lines.append(f"| {name}{tag} | {r['satisfied_final']} of 6 | {r['satisfied_mean']} | "
+            lines.append(f"| {name}{tag} | {r['satisfied_late_mean']} of 6 | "
                          f"{r['converged_after_iterations']} | {r['iterations']} | {r['limit_changes']} | "
                          f"{r['iterations_after_converged_per_min']} | {r['manager_cpu_share']:.2%} | "
                          f"{r['requests_sent']} ({r['requests_failed']}) |")
@@ -177,19 +190,52 @@ def write_markdown(report: dict[str, Any], path: Path) -> None:
         for r in report["schemes"]:
             lines.append(f"| {r['scheme']} | {'yes' if r['pinned'] else 'no'} | {r['throughput_per_s']:,.0f} | {r['p50_ms']} "
                          f"| {r['p99_ms']} | {r['requests']} ({r['failed']}) |")
-    lines += ["", "Satisfied: containers in S (mean server time within alpha = 10% of target), the lowest count over the "
-              "last quarter of the run's iterations. Converged: manager iterations after the last arrival until S "
-              "reached that count for good. Timelines: results/bench/qoe/*.png."]
+    lines += ["", "Satisfied: containers in S (mean server time of the requests served in a 5 s window within alpha = 10% "
+              "of the target), averaged over the windows of the second half of the time after the last arrival; the same "
+              "yardstick for every arm. Converged: manager iterations after the last arrival until the count of S at its "
+              "iterations reached, for good, the lowest count of the run's last quarter. Iterations/min once converged: "
+              "how often the manager observed and ran Algorithm 1 after that. Timelines: results/bench/qoe/*.png."]
     path.write_text("\n".join(lines) + "\n")
+
+
+def rebuild(report: dict[str, Any]) -> None:
+    """Recompute every block's rows and verdict from its runs' records (first run: runs/, reruns: reruns/N/)."""
+    for i, block in enumerate([report, *report.get("reruns", [])]):
+        runs_dir = WORK / "runs" if i == 0 else WORK / "reruns" / str(i)
+        block["runs"] = {name: row_from_record(json.loads((runs_dir / name / "qoe.json").read_text()), runs_dir)
+                         for name in block["runs"] if (runs_dir / name / "qoe.json").is_file()}
+        block["verdict"] = verdict(block["runs"])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--schedules", default="burst,fixed,random")
     parser.add_argument("--rerun", action="store_true", help="keep the recorded results and add this run as a rerun")
+    parser.add_argument("--from-records", action="store_true", help="rebuild the tables from the runs' records only")
     parser.add_argument("--no-schemes", action="store_true")
-    parser.add_argument("--duration", type=float, help="seconds per run (default: per schedule, 240-270)")
+    parser.add_argument("--duration", type=float, help="seconds per run (default: per schedule, 200-220)")
     args = parser.parse_args()
+    path = OUT_DIR / "qoe.json"
+    report = json.loads(path.read_text()) if (args.rerun or args.from_records) and path.exists() else None
+    if not args.from_records:
+        runs_dir = WORK / "reruns" / str(len(report.get("reruns", [])) + 1) if report else WORK / "runs"
+        block, docker_version = measure(args, runs_dir)
+        if report is None:
+            fastest = block["fastest_ms"]
+            report = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "docker": docker_version},
+                      "targets": TARGETS, "targets_ms": {f"{m}-{i}": round(TARGET_FACTORS[i] * fastest[m], 2)
+                                                         for i, m in enumerate(LAYOUT)}, **block}
+        else:
+            report.setdefault("reruns", []).append(block)
+        report["recorded_at"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    rebuild(report)
+    path.write_text(json.dumps(report, indent=2))
+    write_markdown(report, OUT_DIR / "qoe.md")
+    print(json.dumps([b["verdict"] for b in [report, *report.get("reruns", [])]], indent=2))
+
+
+def measure(args: argparse.Namespace, runs_dir: Path) -> tuple[dict[str, Any], str]:
+    """Every arm of every schedule, then the deployment schemes, on a Docker engine."""
     from containers.backends.docker import DockerBackend
     from containers.backends.engine import ensure_engine
 
@@ -205,24 +251,12 @@ def main() -> None:
                     if arm == "dqoes_fixed" and schedule != "burst":
                         continue
                     scenario = scenario_for(schedule, arm, artifacts, fastest, args.duration)
-                    runs[scenario.name] = run_arm(backend, scenario)
+                    runs[scenario.name] = run_arm(backend, scenario, runs_dir)
             block = {"fastest_ms": fastest, "runs": runs, "verdict": verdict(runs),
                      "schemes": None if args.no_schemes else schemes(backend, artifacts)}
         finally:
             backend.close()
-        docker_version = client.version().get("Version")
-    path = OUT_DIR / "qoe.json"
-    report = json.loads(path.read_text()) if args.rerun and path.exists() else None
-    if report is None:
-        report = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "docker": docker_version},
-                  "targets": TARGETS, "targets_ms": {f"{m}-{i}": round(TARGET_FACTORS[i] * fastest[m], 2)
-                                                     for i, m in enumerate(LAYOUT)}, **block}
-    else:
-        report.setdefault("reruns", []).append(block)
-    report["recorded_at"] = time.strftime("%Y-%m-%d %H:%M:%S")
-    path.write_text(json.dumps(report, indent=2))
-    write_markdown(report, OUT_DIR / "qoe.md")
-    print(json.dumps(report["verdict"] if "reruns" not in report else report["reruns"][-1]["verdict"], indent=2))
+        return block, client.version().get("Version")
 
 
 if __name__ == "__main__":

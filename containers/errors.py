@@ -33,3 +33,9 @@ class InferenceRejected(ContainerError):
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message)
         self.status = status
+
+
+class PlanError(ContainerError):
+    """A placement plan that cannot be made or used: an SLO no configuration meets, or a plan file that is not valid."""
+
+    exit_code = 2

@@ -31,16 +31,14 @@ Every error names the file, the line and the field.
 
 from __future__ import annotations
 
-import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from containers.errors import ScenarioError
 from containers.load import Arrivals, Gamma, Poisson, Trace
+from containers.tomlfile import TomlFile
 
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,40}$")
 CHOICES = {"backend": ("docker", "local", "auto"), "policy": ("dqoes", "static", "none"),
            "listener": ("adaptive", "fixed"), "statistic": ("mean", "p50", "p90", "p95", "p99"),
            "on_exit": ("restart", "drop")}
@@ -109,69 +107,12 @@ class Scenario:
 
 def read_scenario(path: str | Path) -> Scenario:
     """Parse and check a scenario file; ``ScenarioError`` names the line and field of the first problem."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ScenarioError(f"cannot read scenario {path}: {err.strerror}") from None
-    try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as err:
-        raise ScenarioError(f"{path}: not valid TOML: {err}") from None
-    return _Reader(path, text.splitlines()).scenario(raw)
+    raw, reader = _Reader.read(path, "scenario", CHOICES)
+    return reader.scenario(raw)
 
 
-class _Reader:
+class _Reader(TomlFile):
     """Builds a Scenario from parsed TOML, pointing each error at its line in the source."""
-
-    def __init__(self, path: Path, lines: list[str]) -> None:
-        self.path, self.lines = path, lines
-
-    def fail(self, where: str, message: str, table: str | None = None, index: int = 0,
-             key: str | None = None) -> NoReturn:
-        raise ScenarioError(f"{self.path}, line {self.line(table, index, key)}: {where} {message}")
-
-    def line(self, table: str | None, index: int, key: str | None) -> int:
-        """The line of ``key`` in the ``index``-th instance of ``table`` (None: top level), else its header."""
-        current, seen, header = None, -1, 1
-        for number, line in enumerate(self.lines, 1):
-            m = re.match(r"^\s*\[\[?\s*([A-Za-z0-9_.-]+)\s*\]\]?", line)
-            if m:
-                current = m.group(1)
-                if current == table:
-                    seen += 1
-                    if seen == index:
-                        header = number
-                continue
-            in_place = current is None if table is None else (current == table and seen == index)
-            if in_place and key and re.match(rf"^\s*{re.escape(key)}\s*=", line):
-                return number
-        return header
-
-    def value(self, raw: dict[str, Any], key: str, kind: type, default: Any, where: str,
-              table: str | None = None, index: int = 0, positive: bool = False) -> Any:
-        """``raw[key]`` checked for type, sign and choices; ``default`` when absent (``...`` = required)."""
-        if key not in raw:
-            if default is ...:
-                self.fail(f"{where}{key}", "is missing", table, index, key)
-            return default
-        value = raw[key]
-        numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
-        ok = {str: isinstance(value, str), int: numeric and isinstance(value, int), float: numeric}[kind]
-        if not ok or (positive and not value > 0):
-            expected = "a positive number" if positive else {str: "a string", int: "an integer", float: "a number"}[kind]
-            self.fail(f"{where}{key}", f"must be {expected}; got {value!r}", table, index, key)
-        if key in CHOICES and value not in CHOICES[key]:
-            self.fail(f"{where}{key}", f"must be one of {', '.join(CHOICES[key])}; got {value!r}", table, index, key)
-        return float(value) if kind is float else value
-
-    def unknown(self, raw: dict[str, Any], allowed: set[str], where: str, table: str | None, index: int = 0,
-                line_key: str | None = None) -> None:
-        """Refuse fields we do not know (``line_key``: the key whose line holds an inline table)."""
-        for key in raw:
-            if key not in allowed:
-                self.fail(f"{where}{key}", f"is not a known field; expected one of {', '.join(sorted(allowed))}",
-                          table, index, line_key or key)
 
     def scenario(self, raw: dict[str, Any]) -> Scenario:
         top = {"name", "duration_s", "backend", "policy", "listener", "interval_s", "alpha", "beta", "statistic",
@@ -209,16 +150,8 @@ class _Reader:
                         self.value(raw, "seed", int, 0, "schedule.", "schedule"))
 
     def container(self, raw: Any, i: int) -> ContainerPlan:
-        where = f"containers[{i}]."
-        if not isinstance(raw, dict):
-            self.fail(where[:-1], "must be a table", "containers", i)
-        self.unknown(raw, {"name", "artifact", "target_ms", "threads", "cpus", "cpuset", "batch", "load"}, where,
-                     "containers", i)
-        val = lambda key, kind, default, positive=False: self.value(  # noqa: E731
-            raw, key, kind, default, where, "containers", i, positive)
-        name = val("name", str, ...)
-        if not NAME.match(name):
-            self.fail(f"{where}name", f"must be letters, digits, '-' or '_' (up to 41); got {name!r}", "containers", i, "name")
+        where, val, name = self.entry(raw, "containers", i, {"name", "artifact", "target_ms", "threads", "cpus",
+                                                              "cpuset", "batch", "load"})
         artifact = val("artifact", str, ...)
         artifact_path = (self.path.parent / artifact).resolve() if not Path(artifact).is_absolute() else Path(artifact)
         if not (artifact_path / "manifest.json").is_file() and not (artifact_path / "artifact" / "manifest.json").is_file():

@@ -38,6 +38,12 @@ def test_dqoes_moves_cpu_from_g_to_b_in_proportion_to_their_gaps() -> None:
     assert "s" not in limits  # satisfied containers keep their limit
 
 
+def test_dqoes_never_lowers_the_limit_of_a_container_that_needs_cpu() -> None:
+    # b uses 0.2 of its 0.3-core limit (idle between requests); what G frees is added to the limit
+    limits = DQoES().allocate([r("g", 100, 50, 0.8), r("b", 10, 20, 0.2, 0.3)], host_cpus=2)
+    assert limits["g"] == pytest.approx(0.72) and limits["b"] == pytest.approx(0.3 + 0.08)
+
+
 def test_dqoes_respects_floor_and_ceiling_and_gives_nothing_when_g_has_nothing_to_give() -> None:
     policy = DQoES(alpha=0.1, beta=0.5)
     limits = policy.allocate([r("g", 100, 10, 0.2), r("b", 10, 100, 1.9)], host_cpus=2)

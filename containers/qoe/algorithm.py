@@ -140,7 +140,8 @@ class DQoES(AllocationPolicy):
         if saved > 0:
             for name in c.members(QoeClass.B):  # lines 21-24: give B what G gave up, worst first
                 r = by_name[name]
-                limits[name] = round(min(r.usage_cpus + saved * c.quality[name] / c.q_b, ceiling), 3)
+                base = max(r.usage_cpus, r.limit_cpus or 0.0)
+                limits[name] = round(min(base + saved * c.quality[name] / c.q_b, ceiling), 3)
         return {n: v for n, v in limits.items() if v != by_name[n].limit_cpus}
 
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import os
 import socket
-import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from containers.atomic import write_atomically
 from containers.errors import ContainerError, ScenarioError, UnknownContainer
 from containers.qoe.analyst import QoeAnalyst
 
@@ -85,10 +85,7 @@ class ControlServer:
 def write_status(run_dir: Path, status: dict[str, Any]) -> None:
     """Replace ``run_dir/status.json`` atomically."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".status-", dir=run_dir)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(status, f, indent=2)
-    os.replace(tmp, run_dir / STATUS_FILE)
+    write_atomically(run_dir / STATUS_FILE, json.dumps(status, indent=2))
 
 
 def read_status(run_dir: Path) -> dict[str, Any]:

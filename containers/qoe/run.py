@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from containers.atomic import write_atomically
 from containers.backends.base import ContainerBackend, ContainerSpec
 from containers.load import LoadClient, RequestRecord, join_times
 from containers.qoe.algorithm import create_policy
@@ -91,7 +91,7 @@ def run_scenario(scenario: Scenario, run_dir: Path, events: RunEvents | None = N
         final = manager.status()
         backend.close()
     record = _record(scenario, manager, final, records, joined_at, time.monotonic() - started)
-    _write_atomically(run_dir / RECORD, json.dumps(record, indent=2, default=str))
+    write_atomically(run_dir / RECORD, json.dumps(record, indent=2, default=str))
     from containers.qoe.timeline import plot_timeline
 
     plot_timeline(record, run_dir / "timeline.png")
@@ -158,23 +158,44 @@ def summarize(timeline: list[dict[str, Any]], last_join_s: float, duration_s: fl
     }
 
 
+def satisfied_by_window(windows: dict[str, list[dict[str, Any]]], targets: dict[str, float | None],
+                        alpha: float) -> list[list[float]]:
+    """[window start, containers in S] per client window: the same yardstick for every policy and listener.
+
+    A container counts as satisfied in a window when the mean server time of the requests it
+    served there is within alpha of its target, as Algorithm 1 classifies it.
+    """
+    by_t: dict[float, int] = {}
+    for name, rows in windows.items():
+        target = targets.get(name)
+        for row in rows:
+            by_t.setdefault(row["t"], 0)
+            if target and row["server_ms"] is not None and abs(target - row["server_ms"]) <= alpha * target:
+                by_t[row["t"]] += 1
+    return [[t, by_t[t]] for t in sorted(by_t)]
+
+
+def late_mean(series: list[list[float]], start_s: float, end_s: float) -> float | None:
+    """Mean of a [t, value] series over the second half of [start_s, end_s]: after things had time to settle."""
+    half = start_s + (end_s - start_s) / 2
+    values = [v for t, v in series if half <= t and t + WINDOW_S <= end_s]
+    return round(float(np.mean(values)), 2) if values else None
+
+
 def _record(scenario: Scenario, manager: QoeManager, final: dict[str, Any], records: dict[str, list[RequestRecord]],
             joined_at: dict[str, float], wall_s: float) -> dict[str, Any]:
     windows = {name: client_windows(rs, joined_at[name]) for name, rs in records.items()}
+    satisfied = satisfied_by_window(windows, {c.name: manager.analyst.target(c.name) for c in scenario.containers},
+                                    scenario.alpha)
+    last_join = max(joined_at.values(), default=0.0)
     requests = {name: {"sent": len(rs), "answered": sum(r.ok for r in rs), "failed": sum(not r.ok for r in rs),
                        "errors": sorted({r.error for r in rs if r.error})[:5]} for name, rs in records.items()}
     return {
         "scenario": asdict(scenario),
         "wall_s": round(wall_s, 1), "joined_at": joined_at, "status": final, "timeline": manager.timeline,
         "windows": windows, "requests": requests,
-        "summary": {**summarize(manager.timeline, max(joined_at.values(), default=0.0), wall_s),
+        "summary": {**summarize(manager.timeline, last_join, wall_s), "satisfied_by_window": satisfied,
+                    "satisfied_late_mean": late_mean(satisfied, last_join, wall_s),
                     "iterations": manager.iterations, "limit_changes": manager.executor.updates,
                     "manager_cpu_s": final["manager_cpu_s"], "manager_cpu_share": final["manager_cpu_share"]},
     }
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)

@@ -1,0 +1,133 @@
+"""The planning commands: ``autotune plan PIPELINE ...`` (make a plan) and ``autotune plan simulate PLAN ...``.
+
+Registered on the main ``autotune`` app by ``autotune.cli``; each command parses, calls one
+function of ``containers.planner``, and prints.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import click
+import typer
+from rich.console import Console
+from rich.table import Table
+from typer.core import TyperGroup
+
+from autotune.cli import _fail, app
+
+PLANS = Path("runs/plans")
+
+
+class _PlanGroup(TyperGroup):
+    """``autotune plan PIPELINE ...`` means ``autotune plan make PIPELINE ...``: a first word that is not a subcommand."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            args = ["make", *args]
+        return super().parse_args(ctx, args)
+
+
+plan_app = typer.Typer(cls=_PlanGroup, no_args_is_help=True,
+                       help="Placement plans (InferLine): per stage hardware, batch size and replicas for a p99 SLO.")
+app.add_typer(plan_app, name="plan")
+
+
+def _plan_table(plan: Any, others: dict[str, Any]) -> list[Table]:
+    stages = Table(title=f"plan for {plan.pipeline}: p99 {plan.predicted.p99_ms:.1f} ms predicted vs SLO "
+                         f"{plan.slo_ms:g} ms, miss rate {plan.predicted.miss_rate:.2%}")
+    for col in ("stage", "hardware", "batch", "timeout ms", "replicas", "$/hour"):
+        stages.add_column(col, justify="left" if col in ("stage", "hardware") else "right")
+    for name, cfg in plan.stages.items():
+        stages.add_row(name, cfg.hardware, str(cfg.batch_size), f"{cfg.batch_timeout_ms:g}", str(cfg.replicas),
+                       f"{plan.stage_cost(name):.4f}")
+    stages.caption = (f"total ${plan.cost_per_hour:.4f}/hour; found in {plan.search['seconds']:.2f} s, "
+                      f"{plan.search['estimator_calls']} estimator calls over {plan.search['trace_queries']} queries")
+    methods = Table(title="against the coarse-grained baselines (same trace, same estimator)")
+    for col in ("method", "$/hour", "x planner", "p99 ms", "miss rate"):
+        methods.add_column(col, justify="left" if col == "method" else "right")
+    for method, other in {"inferline": plan, **others}.items():
+        if isinstance(other, Exception):
+            methods.add_row(method, "-", "-", "-", str(other))
+        else:
+            methods.add_row(method, f"{other.cost_per_hour:.4f}", f"{other.cost_per_hour / plan.cost_per_hour:.2f}",
+                            f"{other.predicted.p99_ms:.1f}", f"{other.predicted.miss_rate:.2%}")
+    return [stages, methods]
+
+
+@plan_app.command("make")
+def plan_make(
+    pipeline_file: Annotated[Path, typer.Argument(metavar="PIPELINE", help="pipeline TOML file")],
+    trace: Annotated[Path, typer.Option(help="sample arrival trace: one time in seconds per line")],
+    slo_ms: Annotated[Optional[float], typer.Option(help="p99 end-to-end SLO in ms (default: the file's slo_ms)")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="plan file (default runs/plans/<pipeline>.json)")] = None,
+    seed: Annotated[int, typer.Option(help="seed of the scale-factor draws")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="print the plans as JSON")] = False,
+) -> None:
+    """Plan a pipeline for a sample trace and an SLO at least cost, next to the CG-Mean and CG-Peak baselines."""
+    from containers.errors import ContainerError
+    from containers.planner.estimator import Estimator
+    from containers.planner.pipeline import read_pipeline
+    from containers.planner.planner import plan_methods
+    from containers.planner.trace import read_trace
+
+    try:
+        pipeline = read_pipeline(pipeline_file)
+        plans = plan_methods(Estimator(pipeline, read_trace(trace), seed=seed), slo_ms)
+        plan = plans.pop("inferline")
+        if isinstance(plan, ContainerError):
+            raise plan
+        out = out or PLANS / f"{pipeline.name}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        plan.write(out)
+    except ContainerError as err:
+        _fail(err)
+        return
+    if as_json:
+        print(json.dumps({"plan": str(out), "inferline": plan.to_json(),
+                          **{m: str(p) if isinstance(p, Exception) else p.to_json() for m, p in plans.items()}}, indent=2))
+        return
+    for table in _plan_table(plan, plans):
+        Console().print(table)
+    print(f"plan written to {out}")
+
+
+@plan_app.command("simulate")
+def plan_simulate(
+    plan_file: Annotated[Path, typer.Argument(metavar="PLAN", help="plan JSON written by autotune plan")],
+    trace: Annotated[Path, typer.Option(help="arrival trace to replay: one time in seconds per line")],
+    tuner: Annotated[bool, typer.Option("--tuner/--no-tuner", help="let the Tuner scale replicas along the trace")] = False,
+    pipeline_file: Annotated[Optional[Path], typer.Option("--pipeline", help="pipeline TOML (default: the one the "
+                                                                             "plan was made from)")] = None,
+    seed: Annotated[int, typer.Option(help="seed of the scale-factor draws")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+) -> None:
+    """Replay a plan over a trace in the Estimator: latency, SLO misses and cost, with or without the Tuner."""
+    from containers.errors import ContainerError, PlanError
+    from containers.planner.pipeline import read_pipeline
+    from containers.planner.plan import read_plan
+    from containers.planner.simulate import simulate_plan
+    from containers.planner.trace import read_trace
+
+    try:
+        plan = read_plan(plan_file)
+        source = pipeline_file or plan.pipeline_file
+        if source is None:
+            raise PlanError(f"{plan_file} does not say which pipeline file it was made from; give --pipeline")
+        result = simulate_plan(read_pipeline(source), plan, read_trace(trace), tuner=tuner, seed=seed)
+    except ContainerError as err:
+        _fail(err)
+        return
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return
+    table = Table(title=f"{plan.method} plan for {plan.pipeline} over {result['trace_seconds']:g} s of trace"
+                        + (", with the Tuner" if tuner else ""))
+    for col in ("queries", "p50 ms", "p99 ms", "SLO ms", "miss rate", "$/hour", "planned $/hour", "changes"):
+        table.add_column(col, justify="right")
+    table.add_row(str(result["queries"]), f"{result['p50_ms']:.1f}", f"{result['p99_ms']:.1f}", f"{plan.slo_ms:g}",
+                  f"{result['miss_rate']:.2%}", f"{result['cost_per_hour']:.4f}", f"{result['planned_cost_per_hour']:.4f}",
+                  str(result["replica_changes"]))
+    Console().print(table)

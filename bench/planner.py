@@ -1,0 +1,197 @@
+"""Placement planner benchmark (InferLine), simulated part: cost and SLO misses by planning method.
+
+    python -m bench.planner [--profiles DIR] [--quick]
+
+Pipelines of 1, 3 and 5 stages (the 5-stage one a DAG with a conditional branch and a join)
+built from real artifact profiles: every folder under ``--profiles`` holding a
+``profile.json`` (or ``artifact/profile.json``), used in turn. Nothing synthetic: without
+``--profiles`` the artifacts tuned by ``bench.qoe`` (results/bench/work/qoe/artifacts) are
+used, and the output says so.
+
+Each pipeline is planned on a 60 s sample trace (gamma arrivals) by CG-Mean, CG-Peak and the
+Planner, and each plan is then replayed by the Estimator on a fresh 120 s trace of the same
+process (and, for the spike case, on a trace whose rate triples for 20 s), the Planner's also
+with the Tuner. Rates are multiples of the slowest stage's single-replica throughput at
+batch 1, so the load means the same whatever the profiles; the SLO is 4x the pipeline's
+batch-1 service time. Writes results/bench/planner.{json,md}, merging: keys other than
+``simulated`` (the lead's ``live`` section) are kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+OUT_DIR = Path("results/bench")
+WORK = OUT_DIR / "work" / "planner"
+QOE_ARTIFACTS = OUT_DIR / "work" / "qoe" / "artifacts"
+PLAN_S, LIVE_S = 60.0, 120.0
+LOADS = [(2.0, 1.0), (2.0, 4.0), (8.0, 1.0), (8.0, 4.0)]  # (x slowest stage's throughput, CV)
+SPIKE = (2.0, 3.0, 40.0, 20.0)  # base load (x throughput), spike factor, spike start s, spike length s
+SLO_FACTOR = 4.0
+TARGETS = {"cost_ratio_vs_cg_peak": 5.0, "planning_s_5_stages": 10.0}
+METHODS = ("cg-mean", "cg-peak", "inferline")
+# stage i: (parents, scale factor); the 5-stage DAG branches after s0 (s2 sees half the queries) and joins at s3
+LAYOUTS = {1: [((), 1.0)], 3: [((), 1.0), (("s0",), 1.0), (("s1",), 1.0)],
+           5: [((), 1.0), (("s0",), 1.0), (("s0",), 0.5), (("s1", "s2"), 1.0), (("s3",), 0.7)]}
+
+
+def find_artifacts(root: Path) -> list[Path]:
+    """Folders under ``root`` (or ``root`` itself) whose profile.json exists, sorted by name."""
+    found = [p.parent for p in sorted(root.glob("*/profile.json")) + sorted(root.glob("*/artifact/profile.json"))]
+    if (root / "profile.json").is_file():
+        found.insert(0, root)
+    return found
+
+
+def write_pipeline(stages: int, artifacts: list[Path], folder: Path) -> Path:
+    """A pipeline file of ``stages`` stages, stage i served by artifact i modulo how many there are."""
+    lines = [f'name = "bench-{stages}"']
+    for i, (parents, scale) in enumerate(LAYOUTS[stages]):
+        art = artifacts[i % len(artifacts)].resolve()
+        lines += ["", "[[stages]]", f'name = "s{i}"', f'artifact = "{art}"',
+                  f"parents = {json.dumps(list(parents))}", f"scale_factor = {scale}"]
+    path = folder / f"bench-{stages}.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def run_case(pipeline: Any, load: float, cv: float, spike: bool, seed: int, plan_s: float, live_s: float
+             ) -> dict[str, Any]:
+    """Plan by every method on a sample trace, replay each plan on a fresh trace; one row."""
+    from containers.errors import PlanError
+    from containers.planner.estimator import Estimator
+    from containers.planner.planner import fastest, plan_methods, service_path
+    from containers.planner.trace import gamma_trace, spike_trace
+    from containers.planner.tuner import simulate_with_tuner
+
+    first = fastest(pipeline)
+    mu = min(s.profile.throughput_per_s(first[s.name].hardware, 1) for s in pipeline.stages)
+    slo = round(SLO_FACTOR * service_path(pipeline, first)[0], 1)
+    rate = load * mu
+    sample = gamma_trace(rate, cv, plan_s, seed)
+    if spike:
+        _, factor, at, span = SPIKE
+        live = spike_trace(rate, factor * rate, at, span, live_s, cv, seed + 1)
+    else:
+        live = gamma_trace(rate, cv, live_s, seed + 1)
+    plans = plan_methods(Estimator(pipeline, sample), slo)
+    replay = Estimator(pipeline, live)
+    row: dict[str, Any] = {"pipeline": pipeline.name, "stages": len(pipeline.stages), "rate_per_s": round(rate, 2),
+                           "load": load, "cv": cv, "spike": spike, "slo_ms": slo, "methods": {}}
+    visits = []
+    for method, plan in plans.items():
+        if isinstance(plan, PlanError):
+            row["methods"][method] = {"error": str(plan)}
+            continue
+        est = replay.estimate(plan.stages, slo)
+        visits.append(est.visits_per_s)
+        row["methods"][method] = {"cost_per_hour": round(plan.cost_per_hour, 5), "miss_rate": round(est.miss_rate, 5),
+                                  "p99_ms": round(est.p99_ms, 2), "planned_p99_ms": plan.predicted.p99_ms,
+                                  "replicas": {n: c.replicas for n, c in plan.stages.items()},
+                                  "planning_s": plan.search["seconds"]}
+    if not isinstance(plans["inferline"], PlanError):
+        tuned = simulate_with_tuner(pipeline, plans["inferline"], live)
+        row["methods"]["inferline+tuner"] = {"cost_per_hour": round(tuned.cost_per_hour, 5),
+                                             "miss_rate": round(tuned.estimate.miss_rate, 5),
+                                             "p99_ms": round(tuned.estimate.p99_ms, 2),
+                                             "replica_changes": len(tuned.schedule)}
+        if "cost_per_hour" in row["methods"].get("cg-peak", {}):
+            row["cost_ratio_vs_cg_peak"] = round(row["methods"]["cg-peak"]["cost_per_hour"]
+                                                 / row["methods"]["inferline"]["cost_per_hour"], 2)
+    row["estimator_visits_per_s"] = round(statistics.median(visits)) if visits else None
+    return row
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    ratios = [r["cost_ratio_vs_cg_peak"] for r in rows if "cost_ratio_vs_cg_peak" in r]
+    no_worse = [r for r in rows if "cost_ratio_vs_cg_peak" in r
+                and r["methods"]["inferline"]["miss_rate"] <= r["methods"]["cg-peak"]["miss_rate"]]
+    five = [r["methods"]["inferline"]["planning_s"] for r in rows if r["stages"] == 5 and "planning_s" in
+            r["methods"].get("inferline", {})]
+    rates = [r["estimator_visits_per_s"] for r in rows if r["estimator_visits_per_s"]]
+    return {
+        "cost_ratio_vs_cg_peak": {"min": min(ratios, default=None), "median": statistics.median(ratios) if ratios else None,
+                                  "max": max(ratios, default=None)},
+        "rows_planner_miss_rate_no_higher_than_cg_peak": f"{len(no_worse)}/{len(ratios)}",
+        "planning_s_5_stages_max": max(five, default=None),
+        "estimator_visits_per_s_median": round(statistics.median(rates)) if rates else None,
+        "targets": TARGETS,
+        "met": {"cost_ratio_vs_cg_peak": bool(ratios) and statistics.median(ratios) >= TARGETS["cost_ratio_vs_cg_peak"],
+                "planning_s_5_stages": bool(five) and max(five) < TARGETS["planning_s_5_stages"]},
+    }
+
+
+def markdown(sim: dict[str, Any]) -> str:
+    lines = ["## Simulated (Estimator)", "", f"Profiles: {', '.join(sim['profiles'])}{' (' + sim['note'] + ')' if sim['note'] else ''}.",
+             f"Sample trace {sim['plan_s']:g} s, replay {sim['live_s']:g} s; SLO = {SLO_FACTOR:g}x batch-1 service time.", "",
+             "| pipeline | load (x mu, CV) | SLO ms | CG-Mean $/h (miss) | CG-Peak $/h (miss) | Planner $/h (miss) "
+             "| Planner+Tuner $/h (miss) | CG-Peak / Planner |", "|---|---|---|---|---|---|---|---|"]
+    for r in sim["rows"]:
+        cell = lambda m: ("error" if "error" in r["methods"].get(m, {"error": 1}) else  # noqa: E731
+                          f"{r['methods'][m]['cost_per_hour']:.4f} ({r['methods'][m]['miss_rate']:.2%})")
+        load = f"{r['load']:g}, CV {r['cv']:g}" + (", spike x3" if r["spike"] else "")
+        lines.append(f"| {r['pipeline']} | {load} | {r['slo_ms']:g} | {cell('cg-mean')} | {cell('cg-peak')} | "
+                     f"{cell('inferline')} | {cell('inferline+tuner')} | {r.get('cost_ratio_vs_cg_peak', '-')} |")
+    s = sim["summary"]
+    lines += ["", f"CG-Peak / Planner cost: {s['cost_ratio_vs_cg_peak']} (target >= {TARGETS['cost_ratio_vs_cg_peak']:g}x; "
+              f"met: {s['met']['cost_ratio_vs_cg_peak']}); rows where the Planner misses no more than CG-Peak: "
+              f"{s['rows_planner_miss_rate_no_higher_than_cg_peak']}.",
+              f"5-stage planning: {s['planning_s_5_stages_max']} s at most (target < {TARGETS['planning_s_5_stages']:g} s; "
+              f"met: {s['met']['planning_s_5_stages']}). Estimator: {s['estimator_visits_per_s_median']} query-stage "
+              "visits/s (median).", ""]
+    return "\n".join(lines)
+
+
+def write_results(sim: dict[str, Any], out_dir: Path) -> None:
+    """Merge ``simulated`` into planner.json and its section into planner.md, keeping what others wrote."""
+    path = out_dir / "planner.json"
+    record = json.loads(path.read_text()) if path.is_file() else {}
+    record["simulated"] = sim
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    md = out_dir / "planner.md"
+    sections = md.read_text().split("\n## ") if md.is_file() else ["# Placement planner benchmark\n"]
+    kept = [sections[0]] + ["## " + s for s in sections[1:] if not s.startswith("Simulated")]
+    md.write_text("\n".join(kept[:1] + [markdown(sim)] + kept[1:]).rstrip() + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--profiles", type=Path, default=None, help="folder of artifacts with real profile.json files")
+    parser.add_argument("--quick", action="store_true", help="smoke run: the 3-stage pipeline, one load, short traces")
+    parser.add_argument("--out", type=Path, default=OUT_DIR, help="where planner.json and planner.md go")
+    args = parser.parse_args()
+    from containers.planner.pipeline import read_pipeline
+
+    root = args.profiles or QOE_ARTIFACTS
+    artifacts = find_artifacts(root)
+    if not artifacts:
+        sys.exit(f"no artifact with a profile.json under {root}; tune some (python -m bench.qoe) or give --profiles")
+    note = "" if args.profiles else f"no --profiles given: the artifacts bench.qoe tuned under {QOE_ARTIFACTS}"
+    print(f"[planner] profiles: {', '.join(str(a) for a in artifacts)}" + (f" ({note})" if note else ""), flush=True)
+    WORK.mkdir(parents=True, exist_ok=True)
+    plan_s, live_s = (20.0, 30.0) if args.quick else (PLAN_S, LIVE_S)
+    cases = [(load, cv, False) for load, cv in LOADS] + [(SPIKE[0], 1.0, True)]
+    rows = []
+    for stages in ([3] if args.quick else [1, 3, 5]):
+        pipeline = read_pipeline(write_pipeline(stages, artifacts, WORK))
+        for i, (load, cv, spike) in enumerate(cases[:1] if args.quick else cases):
+            t0 = time.perf_counter()
+            rows.append(run_case(pipeline, load, cv, spike, seed=100 * stages + i, plan_s=plan_s,
+                                 live_s=max(live_s, SPIKE[2] + SPIKE[3] + 10) if spike else live_s))
+            print(f"[planner] {pipeline.name} load {load:g} CV {cv:g}{' spike' if spike else ''}: "
+                  f"ratio {rows[-1].get('cost_ratio_vs_cg_peak')}, {time.perf_counter() - t0:.1f} s", flush=True)
+    sim = {"profiles": [str(a) for a in artifacts], "note": note, "quick": args.quick, "plan_s": plan_s,
+           "live_s": live_s, "host": platform.node(), "rows": rows, "summary": summarize(rows)}
+    write_results(sim, args.out)
+    print(json.dumps(sim["summary"], indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""The coarse-grained baselines of InferLine's evaluation: the pipeline provisioned as one black box.
+
+How pipelines are tuned when each model is a separate micro-service and the pipeline is
+only seen end to end: one hardware type for everything, one batch size (the largest whose
+end-to-end service time meets the SLO), and whole-pipeline replicas for a rate, the trace's
+mean (CG-Mean) or its peak (CG-Peak). Every stage gets that many replicas. The result is
+evaluated by the same Estimator as the Planner's, so costs and miss rates compare.
+"""
+
+from __future__ import annotations
+
+import math
+
+from containers.errors import PlanError
+from containers.planner.config import StageConfig
+from containers.planner.estimator import Estimator
+
+
+def coarse_grained(estimator: Estimator, slo_ms: float, rate_per_s: float) -> dict[str, StageConfig]:
+    """One hardware, one batch size and one replica count for every stage, provisioned for ``rate_per_s``.
+
+    The hardware is the cheapest (summed over stages) on which the black box's batch-1 service
+    time meets the SLO; the batch the largest profiled size on it whose black-box service time
+    still does; the replicas ``ceil(rate / black-box throughput)``.
+
+    Raises:
+        PlanError: no hardware is profiled for every stage, or none meets the SLO even at batch 1.
+    """
+    pipeline = estimator.pipeline
+    common = set.intersection(*(set(s.hardware) for s in pipeline.stages))
+    if not common:
+        raise PlanError(f"pipeline {pipeline.name}: no hardware is profiled for every stage, so it cannot be "
+                        "provisioned as one black box")
+
+    def black_box_ms(hardware: str, batch: int) -> float:
+        return pipeline.longest_path({s.name: s.profile.service_ms(hardware, batch) for s in pipeline.stages})[0]
+
+    fits = [h for h in common if black_box_ms(h, 1) <= slo_ms]
+    if not fits:
+        raise PlanError(f"pipeline {pipeline.name}: on no single hardware ({', '.join(sorted(common))}) does the "
+                        f"service time at batch 1 meet the SLO of {slo_ms:g} ms")
+    hardware = min(fits, key=lambda h: (sum(s.prices[h] for s in pipeline.stages), black_box_ms(h, 1)))
+    largest = min(max(s.profile.batch_sizes(hardware)) for s in pipeline.stages)
+    sizes = sorted({b for s in pipeline.stages for b in s.profile.batch_sizes(hardware) if b <= largest})
+    batch = max(b for b in sizes if black_box_ms(hardware, b) <= slo_ms)  # the smallest fits, as batch 1 does
+    throughput = batch * 1e3 / black_box_ms(hardware, batch)
+    replicas = max(1, math.ceil(rate_per_s / throughput))
+    return {s.name: StageConfig(hardware, batch, replicas, s.batch_timeout_ms) for s in pipeline.stages}

@@ -1,0 +1,193 @@
+"""The Estimator: end-to-end latency of every query of a trace under a pipeline configuration.
+
+A discrete-event simulation of InferLine's serving model (section 4.2): each stage has one
+centralized batched queue feeding its replicas; a free replica dispatches when ``batch``
+queries wait or the oldest has waited the batching timeout, and then takes what is queued,
+up to ``batch``; a batch of k takes the profiled service time of k. A query goes on to a
+child stage with that stage's scale factor, enters a join once every parent it visited is
+done, and is finished when every stage it visited is.
+
+The planner calls this hundreds of times, so it is built for speed: a DAG has no feedback,
+so stages are simulated one at a time in topological order, each as a k-server batched
+queue over its own sorted arrivals with a heap of replica free times (``batchqueue.serve``);
+the conditional-flow draws are made once per trace (same seed, same draws for every
+configuration, so two configurations are compared on the same queries); and a stage's
+result is cached by the configurations of the stages it depends on, so a search that
+changes one stage re-simulates only it and what is downstream.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from containers.errors import PlanError
+from containers.planner.config import Config, check_config
+from containers.planner.pipeline import Pipeline
+from containers.planner.batchqueue import ReplicaChange, replica_windows, serve
+from containers.planner.trace import check_trace
+
+STARTUP_S = 5.0  # a new replica's start-up time: a container starting and loading its artifact
+
+
+@dataclass(frozen=True, eq=False)
+class Estimate:
+    """What a configuration gives over the trace.
+
+    Attributes:
+        latencies_ms: per query of the trace, end to end; NaN for one that visits no stage.
+        visits: query-stage visits simulated.
+        seconds: wall time the simulation took.
+    """
+
+    latencies_ms: np.ndarray = field(repr=False)
+    slo_ms: float
+    visits: int
+    seconds: float
+
+    @property
+    def _served(self) -> np.ndarray:
+        return self.latencies_ms[~np.isnan(self.latencies_ms)]
+
+    @property
+    def p50_ms(self) -> float:
+        return float(np.percentile(self._served, 50))
+
+    @property
+    def p99_ms(self) -> float:
+        return float(np.percentile(self._served, 99))
+
+    @property
+    def mean_ms(self) -> float:
+        return float(self._served.mean())
+
+    @property
+    def miss_rate(self) -> float:
+        """Share of queries whose end-to-end latency is above the SLO."""
+        return float((self._served > self.slo_ms).mean())
+
+    @property
+    def visits_per_s(self) -> float:
+        """Query-stage visits simulated per second of wall time."""
+        return self.visits / max(self.seconds, 1e-9)
+
+    @property
+    def queries_per_s(self) -> float:
+        """Queries (end to end) simulated per second of wall time."""
+        return self._served.size / max(self.seconds, 1e-9)
+
+    def summary(self) -> dict[str, float]:
+        return {"p50_ms": round(self.p50_ms, 3), "p99_ms": round(self.p99_ms, 3), "mean_ms": round(self.mean_ms, 3),
+                "miss_rate": round(self.miss_rate, 5), "slo_ms": self.slo_ms, "queries": int(self._served.size),
+                "visits": self.visits, "visits_per_s": round(self.visits_per_s), "queries_per_s": round(self.queries_per_s)}
+
+
+class Estimator:
+    """Simulates configurations of one pipeline over one trace.
+
+    Args:
+        pipeline: the stages, their profiles and scale factors.
+        arrivals: sorted arrival times in seconds.
+        seed: seeds the scale-factor draws (which queries visit which stage).
+        startup_s: how long a replica added by a schedule takes before it serves.
+        cache_bytes: memory for stage results kept for reuse between calls.
+    """
+
+    def __init__(self, pipeline: Pipeline, arrivals: np.ndarray, seed: int = 0, startup_s: float = STARTUP_S,
+                 cache_bytes: int = 64 << 20) -> None:
+        self.pipeline, self.seed, self.startup_s = pipeline, seed, startup_s
+        self.arrivals = check_trace(arrivals)
+        self.cache_size = max(8, cache_bytes // (8 * self.arrivals.size))
+        rng = np.random.default_rng(seed)
+        draws = rng.random((len(pipeline.stages), self.arrivals.size))
+        self.visits_: dict[str, np.ndarray] = {}
+        for stage, u in zip(pipeline.stages, draws):
+            reached = (np.logical_or.reduce([self.visits_[p] for p in stage.parents]) if stage.parents
+                       else np.ones(self.arrivals.size, dtype=bool))
+            self.visits_[stage.name] = reached & (u < stage.scale_factor)
+        self._index = {name: np.flatnonzero(v) for name, v in self.visits_.items()}
+        self._ancestors = self._closure()
+        served = int(np.logical_or.reduce(list(self.visits_.values())).sum())
+        if served == 0:
+            raise PlanError(f"no query of the {self.arrivals.size}-query trace visits any stage of {pipeline.name}")
+        self._misses_allowed = served - int(np.floor(0.99 * (served - 1)))  # this many misses put the p99 above the SLO
+        self._cache: dict[tuple[object, ...], np.ndarray] = {}
+        self.calls_ = 0
+
+    @property
+    def span_s(self) -> float:
+        """The trace's length, first arrival to last (at least 1 ms)."""
+        return max(float(self.arrivals[-1] - self.arrivals[0]), 1e-3)
+
+    def share(self, stage: str) -> float:
+        """The share of the trace's queries that visit ``stage``."""
+        return float(self.visits_[stage].mean())
+
+    def load_per_s(self, stage: str) -> float:
+        """Queries per second reaching ``stage`` over the trace."""
+        return float(self._index[stage].size) / self.span_s
+
+    def estimate(self, config: Config, slo_ms: float, schedule: Sequence[ReplicaChange] = ()) -> Estimate:
+        """Simulate ``config`` (replica counts changing as ``schedule`` says) over the whole trace."""
+        finish, visits, seconds = self._run(config, schedule, None)
+        return Estimate((finish - self.arrivals) * 1e3, slo_ms, visits, seconds)  # type: ignore[operator]
+
+    def feasible(self, config: Config, slo_ms: float) -> bool:
+        """Whether ``config``'s p99 meets ``slo_ms``; stops as soon as enough queries are known to miss it."""
+        finish, _, _ = self._run(config, (), slo_ms)
+        return finish is not None and float(np.percentile((finish - self.arrivals)[~np.isnan(finish)], 99)) <= slo_ms
+
+    def _run(self, config: Config, schedule: Sequence[ReplicaChange], stop_ms: float | None
+             ) -> tuple[np.ndarray | None, int, float]:
+        """The time each query finishes (None when stopped early), visits simulated, and wall seconds."""
+        check_config(self.pipeline, config)
+        self.calls_ += 1
+        t0 = time.perf_counter()
+        n = self.arrivals.size
+        done: dict[str, np.ndarray] = {}
+        finish = np.full(n, np.nan)
+        visits = 0
+        for stage in self.pipeline.stages:
+            changes = [c for c in schedule if c.stage == stage.name]
+            key = (stage.name, *(config[a] for a in self._ancestors[stage.name])) if not schedule else None
+            if key is not None and key in self._cache:
+                done[stage.name] = self._cache[key]
+            else:
+                done[stage.name] = self._stage(stage.name, config, done, changes)
+                visits += int(self._index[stage.name].size)
+                if key is not None:
+                    if len(self._cache) >= self.cache_size:
+                        self._cache.pop(next(iter(self._cache)))
+                    self._cache[key] = done[stage.name]
+            finish = np.fmax(finish, done[stage.name])
+            if stop_ms is not None and int(((finish - self.arrivals) * 1e3 > stop_ms).sum()) >= self._misses_allowed:
+                return None, visits, time.perf_counter() - t0
+        return finish, visits, time.perf_counter() - t0
+
+    def _stage(self, name: str, config: Config, done: dict[str, np.ndarray], changes: Sequence[ReplicaChange]
+               ) -> np.ndarray:
+        """When each query finishes at stage ``name`` (NaN where it does not visit), given its parents' results."""
+        stage, cfg = self.pipeline.stage(name), config[name]
+        idx = self._index[name]
+        ready = self.arrivals[idx] if not stage.parents else np.fmax.reduce([done[p][idx] for p in stage.parents])
+        order = np.argsort(ready, kind="stable")
+        service_s = [0.0] + [stage.profile.service_ms(cfg.hardware, k) / 1e3 for k in range(1, cfg.batch_size + 1)]
+        windows = replica_windows(cfg.replicas, [(c.at_s, c.replicas) for c in changes], self.startup_s)
+        try:
+            finished = serve(ready[order].tolist(), service_s, cfg.batch_size, cfg.batch_timeout_ms / 1e3, windows)
+        except PlanError as err:
+            raise PlanError(f"stage {name}: {err}") from None
+        out = np.full(self.arrivals.size, np.nan)
+        out[idx[order]] = finished
+        return out
+
+    def _closure(self) -> dict[str, tuple[str, ...]]:
+        """Each stage with the stages it depends on (itself and its ancestors), in topological order."""
+        deps: dict[str, set[str]] = {}
+        for s in self.pipeline.stages:
+            deps[s.name] = {s.name}.union(*(deps[p] for p in s.parents))
+        order = [s.name for s in self.pipeline.stages]
+        return {name: tuple(n for n in order if n in d) for name, d in deps.items()}

@@ -1,0 +1,223 @@
+"""The Planner: InferLine's low-frequency planning (section 4.3), and the entry point for every planning method.
+
+Algorithm 1 (``initialize``) finds a feasible configuration ignoring cost: every stage at
+batch 1 on its fastest hardware, then replicas added to the bottleneck until the Estimator's
+p99 meets the SLO. Algorithm 2 (``minimize_cost``) then descends greedily: each round tries,
+on every stage, a larger batch, one replica fewer, and the next cheaper hardware, and keeps
+the cheapest candidate that stays feasible, until none lowers the cost; then it tries a
+larger batch at the same cost, and descends again from there if that is feasible.
+
+Two of the actions carry a replica count with them, because alone they never lower the cost:
+a larger batch keeps the price but raises throughput, so it comes with the fewest replicas
+that stay feasible; cheaper hardware is slower, so it comes with the batch size and the
+fewest replicas that make it feasible, if that still costs less.
+
+``plan_pipeline`` runs a method by name (``inferline``, or the coarse-grained baselines of
+``baselines``) and returns a ``Plan`` with the Estimator's prediction.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from containers.errors import PlanError
+from containers.planner.baselines import coarse_grained
+from containers.planner.config import Config, StageConfig, config_cost, stage_cost, with_stage
+from containers.planner.estimator import Estimator
+from containers.planner.pipeline import Pipeline, Stage
+from containers.planner.plan import METHODS, Plan, Prediction
+from containers.planner.trace import envelope, peak_rate
+
+MAX_REPLICAS = 256  # per stage; a search that needs more is reported, not run on
+
+
+def plan_pipeline(estimator: Estimator, slo_ms: float | None = None, method: str = "inferline",
+                  max_replicas: int = MAX_REPLICAS) -> Plan:
+    """Plan the estimator's pipeline for its trace by ``method``; ``slo_ms`` defaults to the pipeline's.
+
+    Raises:
+        PlanError: no SLO given, an unknown method, or no configuration meets the SLO.
+    """
+    pipeline = estimator.pipeline
+    slo = slo_ms if slo_ms is not None else pipeline.slo_ms
+    if slo is None or not slo > 0:
+        raise PlanError(f"pipeline {pipeline.name} needs an SLO: give --slo-ms or slo_ms in its file; got {slo!r}")
+    t0, calls = time.perf_counter(), estimator.calls_
+    env = envelope(estimator.arrivals, service_path(pipeline, fastest(pipeline))[0] / 1e3)
+    methods: dict[str, Callable[[], Config]] = {
+        "inferline": lambda: minimize_cost(estimator, slo, initialize(estimator, slo, max_replicas), max_replicas),
+        "cg-mean": lambda: coarse_grained(estimator, slo, estimator.arrivals.size / estimator.span_s),
+        "cg-peak": lambda: coarse_grained(estimator, slo, peak_rate(env)),
+    }
+    if method not in methods:
+        raise PlanError(f"unknown planning method {method!r}; expected one of {', '.join(METHODS)}")
+    config = methods[method]()
+    seconds = time.perf_counter() - t0
+    est = estimator.estimate(config, slo)
+    return Plan(pipeline.name, slo, method, {s.name: config[s.name] for s in pipeline.stages},
+                {s.name: s.prices[config[s.name].hardware] for s in pipeline.stages},
+                Prediction(round(est.p50_ms, 3), round(est.p99_ms, 3), round(est.mean_ms, 3), round(est.miss_rate, 5)),
+                env, {"estimator_calls": estimator.calls_ - calls, "seconds": round(seconds, 3),
+                      "trace_queries": int(estimator.arrivals.size), "trace_seconds": round(estimator.span_s, 3),
+                      "seed": estimator.seed},
+                str(pipeline.source) if pipeline.source else None)
+
+
+def plan_methods(estimator: Estimator, slo_ms: float | None = None, methods: Sequence[str] = METHODS
+                 ) -> dict[str, Plan | PlanError]:
+    """Each method's plan over the same trace and draws; a method that finds none gives its error instead."""
+    plans: dict[str, Plan | PlanError] = {}
+    for method in methods:
+        try:
+            plans[method] = plan_pipeline(estimator, slo_ms, method)
+        except PlanError as err:
+            plans[method] = err
+    return plans
+
+
+def fastest(pipeline: Pipeline) -> dict[str, StageConfig]:
+    """Every stage at batch 1, one replica, on the hardware that serves batch 1 fastest (the cheaper on a tie)."""
+    def best(s: Stage) -> str:
+        return min(s.hardware, key=lambda h: (s.profile.service_ms(h, 1), s.prices[h]))
+
+    return {s.name: StageConfig(best(s), 1, 1, s.batch_timeout_ms) for s in pipeline.stages}
+
+
+def service_path(pipeline: Pipeline, config: Config) -> tuple[float, tuple[str, ...]]:
+    """The service time (ms, no queueing) along the slowest source-to-sink path, and that path."""
+    return pipeline.longest_path({s.name: s.profile.service_ms(config[s.name].hardware, config[s.name].batch_size)
+                                  for s in pipeline.stages})
+
+
+def initialize(estimator: Estimator, slo_ms: float, max_replicas: int = MAX_REPLICAS) -> dict[str, StageConfig]:
+    """Algorithm 1: a feasible configuration, found by adding replicas to the bottleneck stage.
+
+    The bottleneck is the stage with the least capacity for the load it receives (replicas x
+    throughput / its share of the trace's rate). While some stage is offered more than it can
+    serve over the trace, its queue grows without end, so the Estimator is not asked.
+
+    Raises:
+        PlanError: the service time alone breaks the SLO (saying by how many ms), or the
+            bottleneck reaches ``max_replicas`` before the SLO is met.
+    """
+    pipeline = estimator.pipeline
+    config = fastest(pipeline)
+    ms, path = service_path(pipeline, config)
+    if ms > slo_ms:
+        raise PlanError(f"pipeline {pipeline.name} cannot meet the SLO of {slo_ms:g} ms: at batch 1 on the fastest "
+                        f"hardware the service time along {' -> '.join(path)} alone is {ms:.2f} ms, "
+                        f"{ms - slo_ms:.2f} ms over")
+    while True:
+        ratios = {s.name: capacity_ratio(estimator, s.name, config[s.name]) for s in pipeline.stages}
+        if min(ratios.values()) > 1 and estimator.feasible(config, slo_ms):
+            return config
+        name = min(ratios, key=lambda n: ratios[n])
+        if config[name].replicas >= max_replicas:
+            p99 = estimator.estimate(config, slo_ms).p99_ms
+            raise PlanError(f"pipeline {pipeline.name}: no configuration with at most {max_replicas} replicas per "
+                            f"stage meets the SLO of {slo_ms:g} ms; with stage {name} at the cap the p99 is {p99:.1f} ms")
+        config = with_stage(config, name, replace(config[name], replicas=config[name].replicas + 1))
+
+
+def capacity_ratio(estimator: Estimator, name: str, cfg: StageConfig) -> float:
+    """A stage's throughput (full batches, all replicas) over the rate of queries reaching it."""
+    stage = estimator.pipeline.stage(name)
+    load = estimator.load_per_s(name)
+    return math.inf if load == 0 else cfg.replicas * stage.profile.throughput_per_s(cfg.hardware, cfg.batch_size) / load
+
+
+def minimize_cost(estimator: Estimator, slo_ms: float, config: Config, max_replicas: int = MAX_REPLICAS
+                  ) -> dict[str, StageConfig]:
+    """Algorithm 2: greedy cost descent from a feasible ``config``; every step stays feasible."""
+    pipeline = estimator.pipeline
+    config, cost = dict(config), config_cost(pipeline, config)
+    while True:
+        candidates = []  # (cost with the fewest replicas conceivable, stage, hardware, batch, fewest, most)
+        for stage in pipeline.stages:
+            rest = cost - stage_cost(pipeline, stage.name, config[stage.name])
+            for hardware, batch, low, high in _actions(estimator, stage, config[stage.name], max_replicas):
+                candidates.append((rest + low * stage.prices[hardware], stage.name, hardware, batch, low, high))
+        best: dict[str, StageConfig] | None = None
+        bar = cost
+        for bound, name, hardware, batch, low, high in sorted(candidates):
+            if bound >= bar - 1e-12:
+                break
+            price = pipeline.stage(name).prices[hardware]
+            rest = cost - stage_cost(pipeline, name, config[name])
+            high = min(high, math.ceil((bar - rest) / price - 1e-9) - 1)  # only configurations cheaper than the bar
+            trial = StageConfig(hardware, batch, 1, config[name].batch_timeout_ms)
+            replicas = _fewest_feasible(estimator, slo_ms, config, name, trial, low, high)
+            if replicas is not None:
+                best = with_stage(config, name, replace(trial, replicas=replicas))
+                bar = config_cost(pipeline, best)
+        if best is None:
+            best = _larger_batch(estimator, slo_ms, config)
+            if best is None:
+                return config
+        config, cost = best, config_cost(pipeline, best)
+
+
+def _larger_batch(estimator: Estimator, slo_ms: float, config: Config) -> dict[str, StageConfig] | None:
+    """When no move lowers the cost: the next batch size at the same cost, on the costliest stage where it is feasible.
+
+    A larger batch buys throughput that a later round turns into savings (fewer replicas,
+    or cheaper, slower hardware); without it the descent stops where one step cannot reach
+    a cheaper configuration but two can. Batch sizes only grow, so this ends.
+    """
+    pipeline = estimator.pipeline
+    for stage in sorted(pipeline.stages, key=lambda s: -stage_cost(pipeline, s.name, config[s.name])):
+        cfg = config[stage.name]
+        larger = [b for b in stage.profile.batch_sizes(cfg.hardware) if b > cfg.batch_size]
+        if larger:
+            trial = with_stage(config, stage.name, replace(cfg, batch_size=larger[0]))
+            if estimator.feasible(trial, slo_ms):
+                return trial
+    return None
+
+
+def _actions(estimator: Estimator, stage: Stage, cfg: StageConfig, max_replicas: int
+             ) -> list[tuple[str, int, int, int]]:
+    """The three moves on one stage, as (hardware, batch, fewest replicas worth trying, most).
+
+    Cheaper hardware is tried at each of its profiled batch sizes: the batch that suited the
+    faster hardware may be too slow there, or too small to pay for the slower replicas.
+    """
+    moves = []
+    sizes = stage.profile.batch_sizes(cfg.hardware)
+    larger = [b for b in sizes if b > cfg.batch_size]
+    if larger:
+        moves.append((cfg.hardware, larger[0], cfg.replicas))
+    if cfg.replicas > 1:
+        moves.append((cfg.hardware, cfg.batch_size, cfg.replicas - 1))
+    cheaper = [h for h in stage.hardware if stage.prices[h] < stage.prices[cfg.hardware]]
+    if cheaper:
+        hardware = max(cheaper, key=lambda h: (stage.prices[h], -stage.profile.service_ms(h, 1)))
+        moves.extend((hardware, batch, max_replicas) for batch in stage.profile.batch_sizes(hardware))
+    out = []
+    for hardware, batch, high in moves:
+        low = max(1, math.floor(estimator.load_per_s(stage.name) / stage.profile.throughput_per_s(hardware, batch)) + 1)
+        if hardware == cfg.hardware and batch == cfg.batch_size:
+            low = max(low, high)  # removing one replica is one step, as in the paper
+        if low <= high:
+            out.append((hardware, batch, low, high))
+    return out
+
+
+def _fewest_feasible(estimator: Estimator, slo_ms: float, config: Config, name: str, trial: StageConfig,
+                     low: int, high: int) -> int | None:
+    """The fewest replicas in ``[low, high]`` for which ``trial`` on stage ``name`` is feasible (binary search)."""
+    def ok(replicas: int) -> bool:
+        return estimator.feasible(with_stage(config, name, replace(trial, replicas=replicas)), slo_ms)
+
+    if low > high or not ok(high):
+        return None
+    while low < high:
+        mid = (low + high) // 2
+        if ok(mid):
+            high = mid
+        else:
+            low = mid + 1
+    return high

@@ -1,0 +1,107 @@
+"""A stage's service times per (hardware key, batch size), looked up the way the planner needs them.
+
+The profile (``results.profile``) lists what was measured; the planner asks "how long does
+a batch of k take on h", including sizes that were not profiled. A batch of k is served
+as the smallest profiled batch of at least k (a server pads or compiles to that size), so
+its time is that entry's; a k above every profiled size has no answer and is refused.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from containers.errors import PlanError
+from containers.planner.hardware import hardware_key
+from results.profile import Profile
+
+
+@dataclass(frozen=True)
+class ServicePoint:
+    """One profiled batch size on one hardware key."""
+
+    batch_size: int
+    mean_ms: float
+    p99_ms: float
+
+
+@dataclass(frozen=True)
+class StageProfile:
+    """Profiled service times of one stage: hardware key -> points sorted by batch size.
+
+    Attributes:
+        stage: the stage's name, for errors.
+        points: for each hardware key, at least one point, batch sizes strictly increasing.
+    """
+
+    stage: str
+    points: Mapping[str, tuple[ServicePoint, ...]]
+
+    def __post_init__(self) -> None:
+        for key, points in self.points.items():
+            sizes = [p.batch_size for p in points]
+            if not points or sizes != sorted(set(sizes)) or any(p.mean_ms <= 0 for p in points):
+                raise PlanError(f"stage {self.stage}: hardware {key} needs increasing batch sizes with positive times")
+
+    @classmethod
+    def from_profile(cls, stage: str, profile: Profile) -> StageProfile:
+        """Group a profile's entries by hardware key.
+
+        Where two entries share a key and batch size, one measured in a container (it has a
+        ``cpu_limit``) wins, as it includes the serving path a replica will have; between
+        equals, the faster one.
+        """
+        best: dict[tuple[str, int], tuple[tuple[bool, float], ServicePoint]] = {}
+        for e in profile.entries:
+            try:
+                key = hardware_key(e.hardware)
+            except ValueError as err:
+                raise PlanError(f"stage {stage}: profile entry {e.hardware}: {err}") from None
+            rank = (e.hardware.get("cpu_limit") is None, e.latency_ms.mean)
+            point = ServicePoint(e.batch_size, e.latency_ms.mean, e.latency_ms.p99)
+            if (key, e.batch_size) not in best or rank < best[key, e.batch_size][0]:
+                best[key, e.batch_size] = (rank, point)
+        grouped: dict[str, list[ServicePoint]] = {}
+        for (key, _), (_, point) in best.items():
+            grouped.setdefault(key, []).append(point)
+        return cls(stage, {k: tuple(sorted(v, key=lambda p: p.batch_size)) for k, v in grouped.items()})
+
+    def restrict(self, keys: Iterable[str]) -> StageProfile:
+        """Only the hardware in ``keys`` (those not profiled are left out)."""
+        wanted = set(keys)
+        return StageProfile(self.stage, {k: v for k, v in self.points.items() if k in wanted})
+
+    @property
+    def hardware(self) -> tuple[str, ...]:
+        return tuple(sorted(self.points))
+
+    def batch_sizes(self, hardware: str) -> tuple[int, ...]:
+        return tuple(p.batch_size for p in self._points(hardware))
+
+    def point(self, hardware: str, batch: int) -> ServicePoint:
+        """The profiled point that serves a batch of ``batch``: the smallest profiled size of at least ``batch``."""
+        points = self._points(hardware)
+        i = bisect.bisect_left([p.batch_size for p in points], batch)
+        if batch < 1 or i == len(points):
+            raise PlanError(f"stage {self.stage}: batch {batch} on {hardware} is outside the profiled sizes "
+                            f"{', '.join(str(p.batch_size) for p in points)}")
+        return points[i]
+
+    def service_ms(self, hardware: str, batch: int) -> float:
+        """Mean time to serve a batch of ``batch`` on one replica."""
+        return self.point(hardware, batch).mean_ms
+
+    def p99_ms(self, hardware: str, batch: int) -> float:
+        return self.point(hardware, batch).p99_ms
+
+    def throughput_per_s(self, hardware: str, batch: int) -> float:
+        """Queries per second one replica serves when every batch is full."""
+        return batch * 1e3 / self.service_ms(hardware, batch)
+
+    def _points(self, hardware: str) -> tuple[ServicePoint, ...]:
+        if hardware not in self.points:
+            raise PlanError(f"stage {self.stage} has no profile for hardware {hardware}; profiled: "
+                            f"{', '.join(self.hardware) or 'none'}")
+        return self.points[hardware]
+

@@ -1,0 +1,40 @@
+"""Replaying a plan over a trace: what the Estimator predicts for it, with or without the Tuner."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from containers.errors import PlanError
+from containers.planner.config import check_config
+from containers.planner.estimator import Estimator
+from containers.planner.pipeline import Pipeline
+from containers.planner.plan import Plan
+from containers.planner.tuner import simulate_with_tuner
+
+
+def simulate_plan(pipeline: Pipeline, plan: Plan, arrivals: np.ndarray, tuner: bool = False, seed: int = 0
+                  ) -> dict[str, Any]:
+    """Latency, SLO misses and cost of ``plan`` over ``arrivals``, as a JSON-ready record.
+
+    Without the Tuner the replicas stay as planned and the cost is the plan's; with it, the
+    cost is what the replicas it asks for would be billed over the trace.
+
+    Raises:
+        PlanError: the plan was made for another pipeline, or does not fit this one's profiles.
+    """
+    if plan.pipeline != pipeline.name:
+        raise PlanError(f"the plan is for pipeline {plan.pipeline!r}, not {pipeline.name!r}")
+    check_config(pipeline, plan.stages)
+    if tuner:
+        run = simulate_with_tuner(pipeline, plan, arrivals, seed=seed)
+        estimate, cost_per_hour, changes = run.estimate, run.cost_per_hour, len(run.schedule)
+        peak = {name: max([cfg.replicas] + [c.replicas for c in run.schedule if c.stage == name])
+                for name, cfg in plan.stages.items()}
+    else:
+        estimate = Estimator(pipeline, arrivals, seed=seed).estimate(plan.stages, plan.slo_ms)
+        cost_per_hour, changes, peak = plan.cost_per_hour, 0, {n: c.replicas for n, c in plan.stages.items()}
+    return {"pipeline": plan.pipeline, "method": plan.method, "tuner": tuner, **estimate.summary(),
+            "cost_per_hour": round(cost_per_hour, 6), "planned_cost_per_hour": round(plan.cost_per_hour, 6),
+            "replica_changes": changes, "peak_replicas": peak, "trace_seconds": round(float(np.ptp(arrivals)), 3)}

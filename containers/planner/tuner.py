@@ -1,0 +1,159 @@
+"""The Tuner: InferLine's high-frequency planning (section 5), as a policy that only answers "how many replicas".
+
+It compares the live traffic envelope with the one the plan was made for. As soon as any
+window (since the last change) sees more arrivals than planned, it scales up (Algorithm 3)
+to the highest rate seen in such a window: stage m gets ``ceil(r_max * s_m / (mu_m * rho))`` replicas, where s_m is
+the share of queries reaching it, mu_m one replica's throughput in its planned
+configuration, and rho the most a replica should be provisioned to be busy. It scales down
+conservatively (Algorithm 4): when no scale-up is due, never within 15 s of the last change,
+and only to what the highest 5 s rate of the last 30 s needs. The plan's replicas are the floor: they are what
+the sample trace's burstiness needs, which a rate formula does not see.
+
+The Tuner acts on nothing: ``observe`` returns replica counts and the caller (a simulation
+here, the container backend live) applies them. ``simulate_with_tuner`` runs it along a
+trace and lets the Estimator play the schedule it produces.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from containers.errors import PlanError
+from containers.planner.batchqueue import ReplicaChange
+from containers.planner.estimator import STARTUP_S, Estimate, Estimator
+from containers.planner.pipeline import Pipeline
+from containers.planner.plan import Plan
+
+RHO = 0.8  # InferLine's max provisioning ratio: replicas sized to run at most 80% busy, leaving slack for bursts
+COOLDOWN_S = 15.0  # no scale-down within this long of the last change (Algorithm 4)
+LOOKBACK_S = 30.0  # scale-down looks at this much recent traffic ...
+DOWN_WINDOW_S = 5.0  # ... in windows of this size
+INTERVAL_S = 1.0  # how often the simulated tuner observes
+
+
+@dataclass(frozen=True)
+class TunedStage:
+    """What the Tuner knows of a stage: its share of queries, one replica's throughput, and the planned replicas."""
+
+    name: str
+    share: float
+    throughput_per_s: float
+    planned_replicas: int
+
+
+class Tuner:
+    """Replica counts for live traffic, from the planned envelope (Algorithms 3 and 4).
+
+    Args:
+        planned_envelope: window seconds -> most arrivals in the planning trace.
+        stages: the stages to scale.
+        rho: max provisioning ratio, in (0, 1].
+    """
+
+    def __init__(self, planned_envelope: Mapping[float, int], stages: Sequence[TunedStage], rho: float = RHO,
+                 cooldown_s: float = COOLDOWN_S, lookback_s: float = LOOKBACK_S,
+                 down_window_s: float = DOWN_WINDOW_S) -> None:
+        if not 0 < rho <= 1:
+            raise PlanError(f"the Tuner's rho must be in (0, 1]; got {rho!r}")
+        if not planned_envelope or not stages:
+            raise PlanError("the Tuner needs a planned envelope and at least one stage")
+        self.planned_envelope, self.stages, self.rho = dict(planned_envelope), tuple(stages), rho
+        self.cooldown_s, self.lookback_s, self.down_window_s = cooldown_s, lookback_s, down_window_s
+        self.replicas_ = {s.name: s.planned_replicas for s in stages}
+        self.last_change_s_ = -math.inf
+        self.last_observed_s_ = -math.inf
+
+    @classmethod
+    def for_plan(cls, plan: Plan, estimator: Estimator, rho: float = RHO) -> Tuner:
+        """A Tuner for ``plan``, with each stage's share of queries from ``estimator``'s draws."""
+        stages = [TunedStage(name, estimator.share(name),
+                             estimator.pipeline.stage(name).profile.throughput_per_s(cfg.hardware, cfg.batch_size),
+                             cfg.replicas) for name, cfg in plan.stages.items()]
+        return cls(plan.envelope, stages, rho)
+
+    def observe(self, arrivals: np.ndarray, now: float) -> dict[str, int]:
+        """The stages whose replica count should change now, with their new counts (empty: no change).
+
+        Args:
+            arrivals: sorted arrival times (s) seen so far; later ones are ignored.
+            now: the current time (s), on the same clock.
+        """
+        arrivals = arrivals[: int(np.searchsorted(arrivals, now, side="right"))]
+        live = {w: _recent_max(arrivals, w, self.last_observed_s_, self.last_change_s_, now)
+                for w in self.planned_envelope}
+        self.last_observed_s_ = now
+        rates = [count / w for w, count in live.items() if count > self.planned_envelope[w]]
+        changes = {s.name: n for s in self.stages
+                   if rates and (n := self._needed(s, max(rates))) > self.replicas_[s.name]}
+        if not changes and now - self.last_change_s_ >= self.cooldown_s:
+            edges = np.arange(now - self.lookback_s, now + 1e-9, self.down_window_s)
+            rate = float(np.diff(np.searchsorted(arrivals, edges, side="left")).max()) / self.down_window_s
+            changes = {s.name: n for s in self.stages
+                       if (n := max(s.planned_replicas, self._needed(s, rate))) < self.replicas_[s.name]}
+        if changes:
+            self.replicas_.update(changes)
+            self.last_change_s_ = now
+        return changes
+
+    def _needed(self, stage: TunedStage, rate_per_s: float) -> int:
+        return max(1, math.ceil(rate_per_s * stage.share / (stage.throughput_per_s * self.rho)))
+
+
+def _recent_max(arrivals: np.ndarray, window_s: float, since: float, changed: float, now: float) -> int:
+    """The most arrivals in a window of ``window_s`` that closed in ``(since, now]`` and opened at ``changed`` or later.
+
+    Each window is judged once, when it closes, so a burst that has passed stops counting;
+    and only on traffic since the last change, so the burst that caused a change cannot
+    undo the scale-down that follows it. The busiest such window starts at an arrival, or
+    is the one closing now.
+    """
+    opened = max(since - window_s, changed)
+    lo = int(np.searchsorted(arrivals, opened, side="left" if opened == changed else "right"))
+    hi = int(np.searchsorted(arrivals, now - window_s, side="right"))
+    closing = int(arrivals.size - np.searchsorted(arrivals, now - window_s, side="left")) if now - window_s >= changed else 0
+    if hi <= lo:
+        return closing
+    starts = np.arange(lo, hi)
+    counts = np.searchsorted(arrivals, arrivals[starts] + window_s, side="left") - starts
+    return max(int(counts.max()), closing)
+
+
+@dataclass(frozen=True)
+class TunedRun:
+    """A plan run with the Tuner along a trace.
+
+    Attributes:
+        schedule: the replica changes the Tuner made, in order.
+        cost: dollars for the trace's length, replicas billed from the moment they are asked for.
+        cost_per_hour: ``cost`` as an hourly rate.
+    """
+
+    estimate: Estimate
+    schedule: tuple[ReplicaChange, ...]
+    cost: float
+    cost_per_hour: float
+
+
+def simulate_with_tuner(pipeline: Pipeline, plan: Plan, arrivals: np.ndarray, seed: int = 0,
+                        startup_s: float = STARTUP_S, interval_s: float = INTERVAL_S, rho: float = RHO) -> TunedRun:
+    """Run ``plan`` over ``arrivals`` with the Tuner observing every ``interval_s`` of trace time.
+
+    New replicas serve ``startup_s`` after the Tuner asks for them (a container starting).
+    """
+    estimator = Estimator(pipeline, arrivals, seed=seed, startup_s=startup_s)
+    tuner = Tuner.for_plan(plan, estimator, rho)
+    end = float(estimator.arrivals[-1])
+    schedule = [ReplicaChange(float(now), name, replicas)
+                for now in np.arange(interval_s, end, interval_s)
+                for name, replicas in tuner.observe(estimator.arrivals, float(now)).items()]
+    dollars = 0.0
+    for name, cfg in plan.stages.items():
+        points = [(0.0, cfg.replicas)] + [(c.at_s, c.replicas) for c in schedule if c.stage == name] + [(end, 0)]
+        replica_s = sum(n * (t1 - t0) for (t0, n), (t1, _) in zip(points, points[1:]))
+        dollars += replica_s / 3600 * plan.prices[name]
+    estimate = estimator.estimate(plan.stages, plan.slo_ms, schedule)
+    return TunedRun(estimate, tuple(schedule), dollars, dollars / max(end, 1e-9) * 3600)

@@ -1,0 +1,189 @@
+"""The placement planner's inputs and its Estimator: hardware keys, profiles, pipeline files, traces, the batched queue.
+
+Pure Python and numpy on synthetic profiles (``tests.planner_profiles``); runs in about a second.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from containers.errors import PlanError, ScenarioError
+from containers.planner.batchqueue import ReplicaChange, replica_windows, serve
+from containers.planner.config import StageConfig
+from containers.planner.estimator import Estimator
+from containers.planner.hardware import PriceTable, hardware_key
+from containers.planner.pipeline import read_pipeline
+from containers.planner.trace import envelope, gamma_trace, read_trace, spike_trace, write_trace
+from tests.planner_profiles import CHAIN, CNN, PRE, chain, one_stage, write_pipeline, write_profile  # noqa: F401
+
+# -- hardware, prices, profiles ------------------------------------------------------------------------------------
+
+def test_hardware_keys_and_default_prices() -> None:
+    assert hardware_key({"kind": "cpu", "cpu_limit": 0.5, "cores": [0]}) == "cpu-0.5"
+    assert hardware_key({"kind": "cpu", "cpu_limit": 2.0, "cores": [0, 1]}) == "cpu-2"
+    assert hardware_key({"kind": "cpu", "cpu_limit": None, "cores": [0, 1], "threads": 2}) == "cpu-2"
+    assert hardware_key({"kind": "cpu", "threads": 4}) == "cpu-4"
+    assert hardware_key({"kind": "cuda", "device": "NVIDIA H200"}) == "gpu-NVIDIAH200"
+    prices = PriceTable({"gpu-Mystery": 1.5})
+    assert prices.price("cpu-0.5") == pytest.approx(0.02125) and prices.price("cpu-2") == pytest.approx(0.085)
+    assert prices.price("gpu-NVIDIAH200") == 13.52 and prices.price("gpu-TeslaT4") == 0.526
+    assert prices.price("gpu-Mystery") == 1.5 and prices.price("gpu-NVIDIAB200") is None
+
+
+def test_profile_lookup_serves_a_batch_as_the_next_profiled_size(chain) -> None:
+    cnn = chain.stage("cnn").profile
+    assert cnn.hardware == ("cpu-0.5", "cpu-1", "cpu-2")
+    assert cnn.service_ms("cpu-1", 3) == 68.0 and cnn.p99_ms("cpu-1", 1) == pytest.approx(26.0)
+    assert cnn.throughput_per_s("cpu-2", 8) == pytest.approx(8e3 / 68)
+    with pytest.raises(PlanError, match="batch 9 on cpu-1 is outside the profiled sizes 1, 2, 4, 8"):
+        cnn.service_ms("cpu-1", 9)
+
+
+# -- pipeline files ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (('parents = ["pre"]', 'parents = ["post"]'),
+     r"line 11: stages\[1\].parents \(stage cnn\) the parents form a cycle: cnn -> post -> cnn"),
+    (('parents = ["pre"]', 'parents = ["pree"]'), r"line 11: stages\[1\].parents \(stage cnn\) parent 'pree' is not a stage"),
+    (('artifact = "cnn"', 'artifact = "cnn"\nhardware = ["cpu-4"]'),
+     r"line 11: stages\[1\].hardware \(stage cnn\) allows cpu-4, but the profile has only cpu-0.5, cpu-1, cpu-2"),
+    (("scale_factor = 0.5", "scale_factor = 1.5"), r"line 17: stages\[2\].scale_factor \(stage post\) must be in \(0, 1\]"),
+    (('name = "post"', 'name = "post"\nreplicas = 2'), r"line 15: stages\[2\].replicas is not a known field"),
+])
+def test_pipeline_errors_name_the_line_and_stage(tmp_path: Path, edit: tuple[str, str], message: str) -> None:
+    path = write_pipeline(tmp_path, CHAIN.replace(*edit, 1), {"pre": PRE, "cnn": CNN})
+    with pytest.raises(ScenarioError, match=message):
+        read_pipeline(path)
+
+
+def test_a_stage_without_a_price_is_refused(tmp_path: Path) -> None:
+    write_profile(tmp_path / "gpu", {1: {1: 2.0}}, gpu="NVIDIA B200")
+    path = tmp_path / "p.toml"
+    path.write_text('name = "g"\n[[stages]]\nname = "det"\nartifact = "gpu"\n')
+    with pytest.raises(ScenarioError, match=r"line 4: stages\[0\].artifact \(stage det\) has no price for hardware "
+                                            r"gpu-NVIDIAB200; add it to \[prices\]"):
+        read_pipeline(path)
+    path.write_text('name = "g"\n[prices]\n"gpu-NVIDIAB200" = 9.0\n[[stages]]\nname = "det"\nartifact = "gpu"\n')
+    assert read_pipeline(path).stage("det").prices == {"gpu-NVIDIAB200": 9.0}
+
+
+def test_a_run_folder_stands_for_its_artifact(tmp_path: Path) -> None:
+    write_profile(tmp_path / "run" / "artifact", PRE)
+    path = tmp_path / "p.toml"
+    path.write_text('slo_ms = 50\n[[stages]]\nname = "a"\nartifact = "run"\nhardware = ["cpu-1"]\n')
+    pipeline = read_pipeline(path)
+    assert pipeline.name == "p" and pipeline.slo_ms == 50 and pipeline.stage("a").artifact == tmp_path / "run" / "artifact"
+    assert pipeline.stage("a").hardware == ("cpu-1",) and pipeline.stage("a").prices == {"cpu-1": 0.0425}
+
+
+def test_a_stage_without_a_profile_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    path = tmp_path / "p.toml"
+    path.write_text('[[stages]]\nname = "a"\nartifact = "empty"\n')
+    with pytest.raises(ScenarioError, match=r"line 3: stages\[0\].artifact \(stage a\) .*empty has no profile.json"):
+        read_pipeline(path)
+
+
+# -- traces --------------------------------------------------------------------------------------------------------
+
+def test_traces_round_trip_and_bad_ones_name_the_line(tmp_path: Path) -> None:
+    times = gamma_trace(100, 2.0, 10, seed=1)
+    assert 800 < times.size < 1200 and np.all(np.diff(times) >= 0)
+    write_trace(tmp_path / "t.txt", times)
+    assert np.allclose(read_trace(tmp_path / "t.txt"), times, atol=1e-6)
+    (tmp_path / "bad.txt").write_text("0.1\n0.3\n0.2\n")
+    with pytest.raises(ScenarioError, match="bad.txt, line 3: times must be non-negative and sorted"):
+        read_trace(tmp_path / "bad.txt")
+    (tmp_path / "empty.txt").write_text("# nothing\n")
+    with pytest.raises(ScenarioError, match="holds no arrival times"):
+        read_trace(tmp_path / "empty.txt")
+
+
+def test_envelope_counts_the_busiest_window_of_each_size() -> None:
+    env = envelope(np.array([0.0, 0.1, 0.2, 5.0, 5.05, 30.0]), 0.25)
+    assert env[0.25] == 3 and env[4.0] == 3 and env[8.0] == 5 and env[32.0] == 6
+    assert max(env) <= 60 and sorted(env) == list(env)
+    spike = spike_trace(20, 200, 10, 5, 30, seed=2)
+    assert 700 < ((spike >= 10) & (spike < 15)).sum() < 1300
+
+
+# -- the batched queue and the Estimator ---------------------------------------------------------------------------
+
+def test_a_tiny_trace_by_hand() -> None:
+    ready = [0.0, 0.001, 0.002, 0.050]
+    assert serve(ready, [0, 0.010], 1, 0.0, replica_windows(1, [], 5)) == pytest.approx([0.010, 0.020, 0.030, 0.060])
+    assert serve(ready, [0, 0.010], 1, 0.0, replica_windows(2, [], 5)) == pytest.approx([0.010, 0.011, 0.020, 0.060])
+
+
+def test_batching_takes_what_waits_and_the_timeout_waits_for_more() -> None:
+    ready, times = [0.0, 0.001, 0.002, 0.003, 0.004], [0, 0.010, 0.012, 0.016, 0.016]
+    # no timeout: the first query goes alone; the next four wait for the replica and go together
+    assert serve(ready, times, 4, 0.0, replica_windows(1, [], 5)) == pytest.approx([0.010] + [0.026] * 4)
+    # 5 ms timeout: the batch fills at 3 ms (4 queries) before the timeout; the fifth waits for the replica
+    assert serve(ready, times, 4, 0.005, replica_windows(1, [], 5)) == pytest.approx([0.019] * 4 + [0.029])
+    # two queries only: the replica waits out the timeout, then takes both
+    assert serve(ready[:2], times, 4, 0.005, replica_windows(1, [], 5)) == pytest.approx([0.017, 0.017])
+
+
+def test_replica_windows_start_after_the_delay_and_retire_at_once() -> None:
+    assert replica_windows(1, [(10, 3), (20, 1)], 5) == [[(0, math.inf)], [(15, 20)], [(15, 20)]]
+    assert replica_windows(1, [(10, 3), (12, 1)], 5) == [[(0, math.inf)], [], []]
+
+
+def test_the_estimator_agrees_with_md1(tmp_path: Path) -> None:
+    """Poisson arrivals at 50/s, deterministic 10 ms service: M/D/1 waits rho*D / (2(1-rho)) = 5 ms on average."""
+    pipeline = one_stage(tmp_path, {1: {1: 10.0}})
+    est = Estimator(pipeline, gamma_trace(50, 1.0, 400, seed=3)).estimate({"m": StageConfig("cpu-1", 1, 1)}, 100)
+    assert est.mean_ms == pytest.approx(15.0, rel=0.08)
+    assert est.visits_per_s > 50_000
+
+
+def test_scale_factors_send_a_share_of_queries_on(chain) -> None:
+    arrivals = np.arange(0, 200, 0.05)  # sparse: no queueing
+    est = Estimator(chain, arrivals, seed=1)
+    assert est.share("post") == pytest.approx(0.5, abs=0.03) and est.share("cnn") == 1.0
+    cfg = {"pre": StageConfig("cpu-1", 1, 1), "cnn": StageConfig("cpu-2", 1, 1), "post": StageConfig("cpu-1", 1, 1)}
+    lat = est.estimate(cfg, 100).latencies_ms
+    assert set(np.round(lat, 6)) == {13.0, 15.0}  # pre 2 + cnn 11 (+ post 2 for half the queries)
+    assert np.isclose(lat[est.visits_["post"]], 15.0).all()
+
+
+def test_a_join_waits_for_every_parent_the_query_visited(tmp_path: Path) -> None:
+    body = """\
+        name = "diamond"
+        [[stages]]
+        name = "a"
+        artifact = "pre"
+        [[stages]]
+        name = "slow"
+        artifact = "cnn"
+        parents = ["a"]
+        scale_factor = 0.5
+        [[stages]]
+        name = "fast"
+        artifact = "pre"
+        parents = ["a"]
+        [[stages]]
+        name = "join"
+        artifact = "pre"
+        parents = ["slow", "fast"]
+    """
+    pipeline = read_pipeline(write_pipeline(tmp_path, body, {"pre": PRE, "cnn": CNN}))
+    est = Estimator(pipeline, np.arange(0, 50, 0.5), seed=4)
+    cfg = {n: StageConfig("cpu-1", 1, 1) for n in ("a", "slow", "fast", "join")}
+    lat = est.estimate(cfg, 100).latencies_ms
+    slow = est.visits_["slow"]
+    assert np.allclose(lat[slow], 2 + 20 + 2) and np.allclose(lat[~slow], 2 + 2 + 2)
+
+
+def test_added_replicas_serve_only_after_their_start_up(tmp_path: Path) -> None:
+    pipeline = one_stage(tmp_path, {1: {1: 10.0}})
+    arrivals = np.arange(0, 20, 0.008)  # 125/s against one replica's 100/s
+    est = Estimator(pipeline, arrivals, startup_s=5)
+    cfg = {"m": StageConfig("cpu-1", 1, 1)}
+    lat = est.estimate(cfg, 50, [ReplicaChange(5.0, "m", 2)]).latencies_ms
+    assert lat[arrivals < 10].max() > 400 and lat[arrivals > 15].max() == pytest.approx(10.0)

@@ -1,0 +1,148 @@
+"""The placement planner's searches and policies: Algorithms 1-4, the coarse-grained baselines, plans, the CLI.
+
+Pure Python and numpy on synthetic profiles (``tests.planner_profiles``); runs in a few seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from containers.errors import PlanError
+from containers.planner.config import StageConfig, config_cost
+from containers.planner.deploy_plan import plan_specs
+from containers.planner.estimator import Estimator
+from containers.planner.plan import read_plan
+from containers.planner.planner import initialize, minimize_cost, plan_methods, plan_pipeline
+from containers.planner.trace import gamma_trace, spike_trace, write_trace
+from containers.planner.tuner import TunedStage, Tuner, simulate_with_tuner
+from tests.planner_profiles import CHAIN, CNN, PRE, chain, write_pipeline  # noqa: F401
+
+# -- the Planner and the baselines ---------------------------------------------------------------------------------
+
+def test_an_slo_below_the_service_time_is_refused_with_the_gap(chain) -> None:
+    est = Estimator(chain, gamma_trace(10, 1.0, 10))
+    with pytest.raises(PlanError, match=r"service time along pre -> cnn -> post alone is 15.00 ms, 3.00 ms over"):
+        initialize(est, 12)
+
+
+def test_algorithm_1_stops_at_the_replica_cap(chain) -> None:
+    est = Estimator(chain, gamma_trace(400, 1.0, 10, seed=12))
+    with pytest.raises(PlanError, match=r"no configuration with at most 2 replicas per stage meets the SLO of 150 ms; "
+                                        r"with stage cnn at the cap the p99 is \d+"):
+        initialize(est, 150, max_replicas=2)
+
+
+def test_minimize_cost_lowers_the_cost_and_stays_feasible(chain) -> None:
+    est = Estimator(chain, gamma_trace(150, 1.0, 30, seed=5))
+    first = initialize(est, 150)
+    best = minimize_cost(est, 150, first)
+    assert config_cost(chain, best) < config_cost(chain, first)
+    assert est.feasible(best, 150) and est.estimate(best, 150).p99_ms <= 150
+    assert best["cnn"].batch_size > 1  # batching is what makes the CNN cheap
+
+
+def test_the_planner_beats_the_coarse_grained_baselines(chain, tmp_path: Path) -> None:
+    est = Estimator(chain, gamma_trace(150, 4.0, 60, seed=6))
+    plans = plan_methods(est, 150)
+    inferline, mean, peak = (plans[m] for m in ("inferline", "cg-mean", "cg-peak"))
+    assert not isinstance(inferline, PlanError) and not isinstance(peak, PlanError) and not isinstance(mean, PlanError)
+    assert inferline.predicted.p99_ms <= 150
+    assert peak.cost_per_hour > 2 * inferline.cost_per_hour and peak.cost_per_hour > mean.cost_per_hour
+    assert {c.hardware for c in peak.stages.values()} == {"cpu-0.5"} and len({c.replicas for c in peak.stages.values()}) == 1
+    inferline.write(tmp_path / "plan.json")
+    again = read_plan(tmp_path / "plan.json")
+    assert again == inferline and json.loads((tmp_path / "plan.json").read_text())["schema_version"] == 1
+    assert again.pipeline_file == str((tmp_path / "pipeline.toml").resolve())
+
+
+def test_bad_plan_files_are_refused(tmp_path: Path, chain) -> None:
+    plan = plan_pipeline(Estimator(chain, gamma_trace(20, 1.0, 10)), 150)
+    raw = plan.to_json()
+    (tmp_path / "v2.json").write_text(json.dumps({**raw, "schema_version": 2}))
+    with pytest.raises(PlanError, match="schema_version 2; expected 1"):
+        read_plan(tmp_path / "v2.json")
+    raw["stages"]["cnn"]["replicas"] = 0
+    (tmp_path / "zero.json").write_text(json.dumps(raw))
+    with pytest.raises(PlanError, match="replicas must be an integer of at least 1; got 0"):
+        read_plan(tmp_path / "zero.json")
+
+
+def test_plan_specs_give_each_replica_a_container(chain) -> None:
+    plan = plan_pipeline(Estimator(chain, gamma_trace(150, 1.0, 20, seed=7)), 150)
+    specs = plan_specs(plan, chain, 19000)
+    assert len(specs) == sum(c.replicas for c in plan.stages.values())
+    assert [s.port for s in specs] == list(range(19000, 19000 + len(specs)))
+    cnn = [s for s in specs if s.name.startswith("chain-cnn-")]
+    cores = float(plan.stages["cnn"].hardware.removeprefix("cpu-"))
+    assert cnn and all(s.cpus == cores and s.threads == max(1, math.ceil(cores)) for s in cnn)
+
+
+# -- the Tuner -----------------------------------------------------------------------------------------------------
+
+def test_the_tuner_scales_up_on_a_spike_and_down_after_it(chain) -> None:
+    plan = plan_pipeline(Estimator(chain, gamma_trace(60, 1.0, 60, seed=8)), 150)
+    spike = spike_trace(60, 240, 30, 20, 150, seed=9)
+    run = simulate_with_tuner(chain, plan, spike)
+    def cnn_at(t: float) -> int:
+        return ([plan.stages["cnn"].replicas] + [c.replicas for c in run.schedule if c.stage == "cnn" and c.at_s <= t])[-1]
+
+    assert cnn_at(33) > max(cnn_at(t) for t in range(30))  # reacts within a few seconds of the spike
+    current = {name: cfg.replicas for name, cfg in plan.stages.items()}
+    last = -math.inf
+    for at in sorted({c.at_s for c in run.schedule}):
+        changes = [c for c in run.schedule if c.at_s == at]
+        if any(c.replicas < current[c.stage] for c in changes):
+            assert at - last >= 15, f"scaled down at {at} s, {at - last} s after the last change"
+        current.update({c.stage: c.replicas for c in changes})
+        last = at
+    assert current == {name: cfg.replicas for name, cfg in plan.stages.items()}  # back to the plan after the spike
+    static = Estimator(chain, spike).estimate(plan.stages, 150)
+    assert run.estimate.miss_rate < static.miss_rate / 2
+    assert plan.cost_per_hour < run.cost_per_hour < 4 * plan.cost_per_hour
+
+
+def test_the_tuner_waits_15_s_before_scaling_down() -> None:
+    tuner = Tuner({1.0: 10, 8.0: 60}, [TunedStage("m", 1.0, 10.0, 1)])
+    burst = np.linspace(0, 1, 100, endpoint=False)
+    assert tuner.observe(burst, 1.0) == {"m": 13}  # 100/s * share 1 / (10/s * rho 0.8)
+    quiet = np.concatenate([burst, np.arange(1, 60, 0.5)])
+    changed = [t for t in range(2, 60) if tuner.observe(quiet, float(t))]
+    assert changed and changed[0] >= 16 and all(b - a >= 15 for a, b in zip(changed, changed[1:]))
+    assert tuner.replicas_["m"] == 1
+
+
+def test_stage_configs_are_validated() -> None:
+    with pytest.raises(PlanError, match="batch_size must be an integer of at least 1; got 0"):
+        StageConfig("cpu-1", 0, 1)
+    assert replace(StageConfig("cpu-1", 1, 1), replicas=3).replicas == 3
+
+
+# -- the CLI -------------------------------------------------------------------------------------------------------
+
+def test_the_plan_commands(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+
+    path = write_pipeline(tmp_path, CHAIN, {"pre": PRE, "cnn": CNN})
+    write_trace(tmp_path / "trace.txt", gamma_trace(100, 1.0, 20, seed=10))
+    write_trace(tmp_path / "spike.txt", spike_trace(100, 300, 10, 10, 40, seed=11))
+    runner = CliRunner()
+    made = runner.invoke(app, ["plan", str(path), "--trace", str(tmp_path / "trace.txt"), "--slo-ms", "150",
+                               "--out", str(tmp_path / "plan.json"), "--json"])
+    assert made.exit_code == 0, made.output
+    record = json.loads(made.output)
+    assert record["inferline"]["cost_per_hour"] < record["cg-peak"]["cost_per_hour"]
+    assert read_plan(tmp_path / "plan.json").method == "inferline"
+    sim = runner.invoke(app, ["plan", "simulate", str(tmp_path / "plan.json"), "--trace", str(tmp_path / "spike.txt"),
+                              "--tuner", "--json"])
+    assert sim.exit_code == 0, sim.output
+    assert json.loads(sim.output)["replica_changes"] > 0
+    bad = runner.invoke(app, ["plan", "make", str(path), "--trace", str(tmp_path / "trace.txt"), "--slo-ms", "10"])
+    assert bad.exit_code == 2 and "5.00 ms over" in bad.output
