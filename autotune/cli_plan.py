@@ -1,4 +1,5 @@
-"""The planning commands: ``autotune plan PIPELINE ...`` (make a plan) and ``autotune plan simulate PLAN ...``.
+"""The planning commands: ``autotune plan PIPELINE ...`` (make a plan), ``autotune plan simulate PLAN ...`` and
+``autotune plan apply PLAN ...`` (serve it live).
 
 Registered on the main ``autotune`` app by ``autotune.cli``; each command parses, calls one
 function of ``containers.planner``, and prints.
@@ -130,4 +131,60 @@ def plan_simulate(
     table.add_row(str(result["queries"]), f"{result['p50_ms']:.1f}", f"{result['p99_ms']:.1f}", f"{plan.slo_ms:g}",
                   f"{result['miss_rate']:.2%}", f"{result['cost_per_hour']:.4f}", f"{result['planned_cost_per_hour']:.4f}",
                   str(result["replica_changes"]))
+    Console().print(table)
+
+
+@plan_app.command("apply")
+def plan_apply(
+    plan_file: Annotated[Path, typer.Argument(metavar="PLAN", help="plan JSON written by autotune plan")],
+    trace: Annotated[Path, typer.Option(help="arrival trace to serve live: one time in seconds per line")],
+    backend: Annotated[str, typer.Option(help="docker, local (cgroups) or auto")] = "auto",
+    tuner: Annotated[bool, typer.Option("--tuner/--no-tuner", help="let the Tuner add and remove replicas live")] = False,
+    out: Annotated[Optional[Path], typer.Option(help="run folder for live.json and live.png "
+                                                     "(default runs/live/<pipeline>)")] = None,
+    pipeline_file: Annotated[Optional[Path], typer.Option("--pipeline", help="pipeline TOML (default: the one the "
+                                                                             "plan was made from)")] = None,
+    duration: Annotated[Optional[float], typer.Option(help="send only the arrivals of the first this many seconds")] = None,
+    seed: Annotated[int, typer.Option(help="seed of the scale-factor draws (as the Estimator's)")] = 0,
+    base_port: Annotated[int, typer.Option(help="the plan's replicas listen on consecutive ports from here")] = 18700,
+    as_json: Annotated[bool, typer.Option("--json", help="print the record's summary as JSON")] = False,
+) -> None:
+    """Serve a plan live: start its replicas, drive the trace through them, stop them; measured p99 against predicted."""
+    from containers.errors import ContainerError, PlanError
+    from containers.planner.live import apply_plan
+    from containers.planner.pipeline import read_pipeline
+    from containers.planner.plan import read_plan
+    from containers.planner.trace import read_trace
+    from results.errors import ArtifactError
+
+    try:
+        plan = read_plan(plan_file)
+        source = pipeline_file or plan.pipeline_file
+        if source is None:
+            raise PlanError(f"{plan_file} does not say which pipeline file it was made from; give --pipeline")
+        out = out or Path("runs/live") / plan.pipeline
+        record = apply_plan(plan, read_pipeline(source), read_trace(trace), out, backend=backend, tuner=tuner,
+                            seed=seed, base_port=base_port, duration_s=duration,
+                            on_event=(lambda text: None) if as_json else print)
+    except (ContainerError, ArtifactError) as err:
+        _fail(err)
+        return
+    summary = {k: v for k, v in record.items() if k != "queries"}
+    if as_json:
+        print(json.dumps({"record": str(out / "live.json"), **summary}, indent=2))
+        return
+    table = Table(title=f"{plan.method} plan for {plan.pipeline}, live on {record['backend']}"
+                        + (", with the Tuner" if tuner else ""))
+    for col in ("", "queries", "failed", "p50 ms", "p99 ms", "SLO ms", "miss rate"):
+        table.add_column(col, justify="left" if not col else "right")
+    rows = [("measured", record["measured"])] + [(key.replace("_", " "), record[key]) for key in
+                                                  ("predicted", "predicted_with_tuner", "predicted_live_schedule")
+                                                  if key in record]
+    for label, r in rows:
+        fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
+        table.add_row(label, str(r.get("queries", "")), str(r.get("failed", "")), fmt(r["p50_ms"]), fmt(r["p99_ms"]),
+                      f"{plan.slo_ms:g}", f"{r['miss_rate']:.2%}")
+    changes = [c for c in record["replica_changes"] if c["event"] == "asked"]
+    table.caption = (f"p99 error {record.get('p99_error', float('nan')):+.1%}; {len(changes)} replica changes "
+                     f"asked; written to {out}")
     Console().print(table)

@@ -15,6 +15,8 @@ with the Tuner. Rates are multiples of the slowest stage's single-replica throug
 batch 1, so the load means the same whatever the profiles; the SLO is 4x the pipeline's
 batch-1 service time. Writes results/bench/planner.{json,md}, merging: keys other than
 ``simulated`` (the lead's ``live`` section) are kept.
+
+``--live`` runs the live part on Docker instead (``bench.planner_live``).
 """
 
 from __future__ import annotations
@@ -166,7 +168,13 @@ def main() -> None:
     parser.add_argument("--profiles", type=Path, default=None, help="folder of artifacts with real profile.json files")
     parser.add_argument("--quick", action="store_true", help="smoke run: the 3-stage pipeline, one load, short traces")
     parser.add_argument("--out", type=Path, default=OUT_DIR, help="where planner.json and planner.md go")
+    parser.add_argument("--live", action="store_true", help="the live part on Docker (bench.planner_live) instead")
     args = parser.parse_args()
+    if args.live:
+        from bench.planner_live import run_live
+
+        print(json.dumps({k: v for k, v in run_live(args.out).items() if k in ("steady", "step")}, indent=2))
+        return
     from containers.planner.pipeline import read_pipeline
 
     root = args.profiles or QOE_ARTIFACTS

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from containers.errors import ScenarioError, UnknownContainer
-from containers.qoe.algorithm import DQoES, NoLimits, QoeClass, Reading, StaticEqual, classify, create_policy
+from containers.qoe.algorithm import (Classification, DQoES, NoLimits, QoeClass, Reading, StaticEqual, classify,
+                                      create_policy)
 from containers.qoe.listener import AdaptiveListener, FixedListener, create_listener
 from containers.qoe.manager import QoeManager
 from containers.qoe.monitors import ApplicationMonitor, HistogramSnapshot
@@ -65,22 +68,35 @@ def test_baselines_and_factory() -> None:
         DQoES(beta=1.5)
 
 
-def _c(q_g: float, q_b: float, satisfied: int):
-    classes = {f"s{i}": QoeClass.S for i in range(satisfied)}
-    return classify([], 0.1).__class__(classes, {}, q_g, q_b, 0.0, 0.0)
+def _c(q_g: float, q_b: float, gaps: list[float]) -> Classification:
+    """A classification with the summed gaps given and containers of target 100 ms at ``gaps`` (q_i, ms)."""
+    c = classify([r(f"c{i}", 100, 100 - q, 0.1) for i, q in enumerate(gaps)], 0.1)
+    return replace(c, q_g=q_g, q_b=q_b)
 
 
 def test_adaptive_listener_doubles_after_three_converging_rounds_and_resets_when_s_drops() -> None:
-    lis = AdaptiveListener(initial_s=10, alpha=0.1, max_s=40)
-    assert lis.observe(_c(50, -50, 1)) == 10  # first look: nothing to compare with
-    assert [lis.observe(_c(g, b, 1)) for g, b in [(40, -40), (30, -35), (30, -30)]] == [10, 10, 20]
-    assert [lis.observe(_c(30, -30, 1)) for _ in range(3)] == [20, 20, 40]
-    assert [lis.observe(_c(30, -30, 1)) for _ in range(3)] == [40, 40, 40]  # capped at max_s
-    assert lis.observe(_c(30, -30, 0)) == 10  # |S| dropped: back to the initial interval at once
-    assert lis.observe(_c(30, -60, 0)) == 10 and lis._streak == 0  # B's gap grew: bouncing, keep
-    assert FixedListener(5).observe(_c(0, 0, 3)) == 5
+    lis = AdaptiveListener(initial_s=10, alpha=0.1, margin=0.0, max_s=40)  # margin 0: the paper's rule
+    moving = 1  # limits changed: only the gap sums can say "converging"
+    assert lis.observe(_c(50, -50, [0]), moving) == 10  # first look: nothing to compare with
+    steps = [(40, -40), (30, -35), (30, -30)]
+    assert [lis.observe(_c(g, b, [0]), moving) for g, b in steps] == [10, 10, 20]
+    assert [lis.observe(_c(30, -30, [0]), moving) for _ in range(3)] == [20, 20, 40]
+    assert [lis.observe(_c(30, -30, [0]), moving) for _ in range(3)] == [40, 40, 40]  # capped at max_s
+    assert lis.observe(_c(30, -30, [12]), moving) == 10  # the one satisfied container left S: reset at once
+    assert lis.observe(_c(30, -60, [12]), moving) == 10 and lis._streak == 0  # B's gap grew: bouncing, keep
+    assert [lis.observe(_c(30, -60, [12]), 0) for _ in range(3)] == [10, 10, 20]  # nothing changed: settled
+    assert FixedListener(5).observe(_c(0, 0, [0]), 0) == 5
     with pytest.raises(ScenarioError, match="positive number of seconds; got 0"):
         create_listener("adaptive", interval_s=0)
+
+
+def test_a_container_flickering_at_the_edge_of_its_band_does_not_reset_the_interval() -> None:
+    lis = AdaptiveListener(initial_s=10, alpha=0.1, margin=0.1)
+    for _ in range(4):
+        lis.observe(_c(0, -5, [0, 5]), 0)
+    assert lis.interval_s == 20
+    assert lis.observe(_c(0, -12, [0, -12]), 0) == 20  # 12% off: just past the band, within the margin
+    assert lis.observe(_c(0, -35, [0, -35]), 0) == 10  # 35% off: a real break
 
 
 def test_histogram_statistics_from_bucket_deltas() -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from containers.errors import ScenarioError
@@ -47,6 +47,7 @@ class Classification:
     q_b: float  # sum of q_i over B (< 0)
     r_g: float  # sum of usage over G (cores)
     r_b: float  # sum of usage over B (cores)
+    targets: dict[str, float] = field(default_factory=dict)  # o_i in ms
 
     @property
     def satisfied(self) -> int:
@@ -60,6 +61,7 @@ class Classification:
 def classify(readings: Sequence[Reading], alpha: float) -> Classification:
     classes: dict[str, QoeClass] = {}
     quality: dict[str, float] = {}
+    targets = {r.name: r.target_ms for r in readings}
     q_g = q_b = r_g = r_b = 0.0
     for r in readings:
         q = r.target_ms - r.response_ms
@@ -70,7 +72,7 @@ def classify(readings: Sequence[Reading], alpha: float) -> Classification:
             classes[r.name], q_b, r_b = QoeClass.B, q_b + q, r_b + r.usage_cpus
         else:
             classes[r.name] = QoeClass.S
-    return Classification(classes, quality, q_g, q_b, r_g, r_b)
+    return Classification(classes, quality, q_g, q_b, r_g, r_b, targets)
 
 
 class AllocationPolicy(ABC):

@@ -108,7 +108,7 @@ class QoeManager:
         for r in readings:
             self.analyst.record(Row(r.name, r.target_ms, round(r.response_ms, 3), c.classes[r.name].value,
                                     round(c.quality[r.name], 3), round(r.usage_cpus, 3), self.executor.limit(r.name)))
-        wait = self.listener.observe(c) if readings else self.listener.interval_s
+        wait = self.listener.observe(c, changes) if readings else self.listener.interval_s
         self.iterations += 1
         self._last = c
         self.timeline.append({

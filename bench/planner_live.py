@@ -1,0 +1,233 @@
+"""Placement planner benchmark, live part: a plan served on Docker, measured against the Estimator's prediction.
+
+    python -m bench.planner --live
+
+A two-stage pipeline (mlp -> bert_ffn, the artifacts bench.qoe tuned, on their
+container-measured profile entries of at most one core where there are any) is planned for
+a Poisson trace sized so that its replicas fit this machine's cores, then served
+(``containers.planner.live.apply_plan``): measured p99 against the Estimator's for the same
+trace and routing draws (target: within 10%). A second run steps the rate up mid-trace with
+the Tuner on; its replicas are the half-core ones, and the load and step are sized so that
+the replicas the simulated Tuner would add still fit. It reports the replica changes and
+the p99 before and after. Writes the ``live`` key of
+results/bench/planner.json and its section of planner.md, keeping the ``simulated`` ones;
+each run's live.json and live.png go to results/bench/planner/.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.planner import QOE_ARTIFACTS, SLO_FACTOR, WORK
+from containers.atomic import write_atomically
+
+LIVE_STAGES = ("mlp", "bert_ffn")  # stage i runs QOE_ARTIFACTS/<name>/artifact; bert_ffn follows mlp
+LIVE_MAX_CORES = 1.0  # per replica: container-measured entries above this are left out, so replicas fit 2 cores
+LIVE_STEP_MAX_CORES = 0.5  # the step run's replicas: small, so the Tuner's additions still fit
+LIVE_LOADS = (0.6, 0.5, 0.4, 0.3, 0.2)  # x the slowest stage's batch-1 throughput, tried until the plan fits
+LIVE_STEPS = (2.0, 1.5, 1.25)  # rate factors for the step run, tried until the simulated Tuner's replicas fit
+LIVE_PLAN_S, LIVE_RUN_S, LIVE_STEP_AT_S, LIVE_STEP_RUN_S = 60.0, 60.0, 25.0, 75.0
+LIVE_TARGET_P99_ERROR = 0.10
+
+
+def write_live_pipeline(folder: Path, max_cores: float) -> Path:
+    """The two-stage pipeline file; each stage limited to its container-measured sizes of at most ``max_cores``, if any."""
+    lines = ['name = "bench-live"']
+    for i, name in enumerate(LIVE_STAGES):
+        art = (QOE_ARTIFACTS / name / "artifact").resolve()
+        entries = json.loads((art / "profile.json").read_text())["entries"]
+        limits = sorted({e["hardware"]["cpu_limit"] for e in entries
+                         if e["hardware"].get("cpu_limit") is not None and e["hardware"]["cpu_limit"] <= max_cores})
+        lines += ["", "[[stages]]", f'name = "{name}"', f'artifact = "{art}"',
+                  f"parents = {json.dumps([LIVE_STAGES[i - 1]] if i else [])}"]
+        if limits:
+            lines.append(f"hardware = {json.dumps([f'cpu-{c:g}' for c in limits])}")
+    path = folder / f"bench-live-{max_cores:g}.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def plan_cores(plan: Any, replicas: dict[str, int] | None = None) -> float:
+    """CPU cores the plan's replicas (or ``replicas`` per stage, on the planned hardware) are limited to."""
+    from containers.planner.hardware import cpu_cores
+
+    counts = replicas or {n: c.replicas for n, c in plan.stages.items()}
+    return sum(counts[n] * (cpu_cores(c.hardware) or 0.0) for n, c in plan.stages.items())
+
+
+def _planned(pipeline: Any, load: float, seed: int) -> tuple[float, float, Any] | None:
+    """(rate, SLO, plan) for ``load`` x the slowest stage's batch-1 throughput; None when no plan meets the SLO."""
+    from containers.errors import PlanError
+    from containers.planner.estimator import Estimator
+    from containers.planner.planner import fastest, plan_pipeline, service_path
+    from containers.planner.trace import gamma_trace
+
+    first = fastest(pipeline)
+    rate = load * min(s.profile.throughput_per_s(first[s.name].hardware, 1) for s in pipeline.stages)
+    slo = round(SLO_FACTOR * service_path(pipeline, first)[0], 1)
+    try:
+        return rate, slo, plan_pipeline(Estimator(pipeline, gamma_trace(rate, 1.0, LIVE_PLAN_S, seed)), slo)
+    except PlanError:
+        return None
+
+
+def size_steady(pipeline: Any, cores: float, seed: int) -> dict[str, Any]:
+    """The highest load whose plan fits in ``cores``, with its plan and a fresh trace of it."""
+    from containers.planner.trace import gamma_trace
+
+    for load in LIVE_LOADS:
+        if (found := _planned(pipeline, load, seed)) and plan_cores(found[2]) <= cores:
+            rate, slo, plan = found
+            return {"load": load, "rate_per_s": round(rate, 3), "slo_ms": slo, "plan": plan,
+                    "trace": gamma_trace(rate, 1.0, LIVE_RUN_S, seed + 1)}
+    raise SystemExit(f"no load in {LIVE_LOADS} gives a plan within {cores:g} cores for {pipeline.name}")
+
+
+def size_step(pipeline: Any, cores: float, seed: int) -> dict[str, Any] | None:
+    """The highest (load, step) whose plan, and the replicas the simulated Tuner adds after the step, fit in ``cores``."""
+    from containers.planner.trace import spike_trace
+    from containers.planner.tuner import simulate_with_tuner
+
+    for load in LIVE_LOADS:
+        if not (found := _planned(pipeline, load, seed)) or plan_cores(found[2]) > cores:
+            continue
+        rate, slo, plan = found
+        for factor in LIVE_STEPS:
+            trace = spike_trace(rate, factor * rate, LIVE_STEP_AT_S, LIVE_STEP_RUN_S - LIVE_STEP_AT_S, LIVE_STEP_RUN_S,
+                                1.0, seed + 2)
+            schedule = simulate_with_tuner(pipeline, plan, trace).schedule
+            peak = {n: max([c.replicas] + [ch.replicas for ch in schedule if ch.stage == n])
+                    for n, c in plan.stages.items()}
+            if schedule and plan_cores(plan, peak) <= cores:
+                return {"load": load, "rate_per_s": round(rate, 3), "slo_ms": slo, "plan": plan, "trace": trace,
+                        "step_factor": factor, "simulated_peak_replicas": peak}
+    return None
+
+
+def p99_between(record: dict[str, Any], start_s: float, end_s: float = float("inf")) -> float | None:
+    """p99 (ms) of the answered queries that arrived in ``[start_s, end_s)`` of a live run."""
+    import numpy as np
+
+    q = record["queries"]
+    lat = [v for t, v, bad in zip(q["arrival_s"], q["latency_ms"], q["failed"])
+           if start_s <= t < end_s and v is not None and not bad]
+    return round(float(np.percentile(lat, 99)), 3) if lat else None
+
+
+def live_summary(record: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """What the bench keeps of a live run (the per-query lists stay in its live.json)."""
+    keep = ("measured", "predicted", "predicted_with_tuner", "predicted_live_schedule", "compared_with", "p99_error",
+            "batches", "errors", "wall_s", "trace")
+    changes = [c for c in record["replica_changes"] if c["event"] != "planned"]
+    return {**{k: record[k] for k in keep if k in record}, "replica_changes": changes, "record": str(folder / "live.json"),
+            "plot": str(folder / "live.png"),
+            "met_p99_error": record.get("p99_error") is not None and abs(record["p99_error"]) <= LIVE_TARGET_P99_ERROR}
+
+
+def _setting(sized: dict[str, Any]) -> dict[str, Any]:
+    """The JSON-ready part of a sized run: its load, rate, SLO and plan."""
+    return {"load": sized["load"], "rate_per_s": sized["rate_per_s"], "slo_ms": sized["slo_ms"],
+            "plan": sized["plan"].to_json()["stages"], "predicted_at_planning": sized["plan"].to_json()["predicted"]}
+
+
+def run_live(out_dir: Path, seed: int = 7) -> dict[str, Any]:
+    """Plan and serve the two-stage pipeline on Docker: a steady run, then a step-up run with the Tuner."""
+    import os
+
+    from containers.backends.docker import DockerBackend
+    from containers.backends.engine import ensure_engine
+    from containers.planner.live import apply_plan
+    from containers.planner.pipeline import read_pipeline
+
+    WORK.mkdir(parents=True, exist_ok=True)
+    pipeline = read_pipeline(write_live_pipeline(WORK, LIVE_MAX_CORES))
+    small = read_pipeline(write_live_pipeline(WORK, LIVE_STEP_MAX_CORES))
+    cores = float(os.cpu_count() or 1)
+    steady, step = size_steady(pipeline, cores, seed), size_step(small, cores, seed)
+    live: dict[str, Any] = {"pipeline": {s.name: str(s.artifact) for s in pipeline.stages},
+                            "hardware": {s.name: list(s.hardware) for s in pipeline.stages},
+                            "step_hardware": {s.name: list(s.hardware) for s in small.stages}, "cores": cores,
+                            "targets": {"p99_error": LIVE_TARGET_P99_ERROR}, "host": platform.node(),
+                            "steady": _setting(steady)}
+    runs = out_dir / "planner"
+    with ensure_engine(WORK / "dockerd.log") as client:
+        backend = DockerBackend(client)
+        try:
+            say("steady")(f"{steady['rate_per_s']} q/s, SLO {steady['slo_ms']} ms, plan {live['steady']['plan']}")
+            record = apply_plan(steady["plan"], pipeline, steady["trace"], runs / "live-steady", backend=backend,
+                                on_event=say("steady"))
+            live["steady"].update(live_summary(record, runs / "live-steady"))
+            if step is None:
+                live["step"] = {"skipped": f"no load and step in {LIVE_LOADS} x {LIVE_STEPS} keep the plan and the "
+                                           f"simulated Tuner's replicas within {cores:g} cores"}
+            else:
+                say("step")(f"{step['rate_per_s']} q/s x{step['step_factor']:g} from {LIVE_STEP_AT_S:g} s, Tuner on")
+                record = apply_plan(step["plan"], small, step["trace"], runs / "live-step", backend=backend,
+                                    tuner=True, on_event=say("step"))
+                serving = [c["t_s"] for c in record["replica_changes"] if c["event"] == "serving"]
+                live["step"] = {**_setting(step), **live_summary(record, runs / "live-step"),
+                                "step_at_s": LIVE_STEP_AT_S, "step_factor": step["step_factor"],
+                                "simulated_peak_replicas": step["simulated_peak_replicas"],
+                                "p99_before_ms": p99_between(record, 0.0, LIVE_STEP_AT_S),
+                                "p99_after_ms": p99_between(record, LIVE_STEP_AT_S),
+                                "scaled_at_s": round(max(serving), 2) if serving else None,
+                                "p99_after_scaled_ms": p99_between(record, max(serving)) if serving else None}
+        finally:
+            backend.close()
+    write_live(live, out_dir)
+    return live
+
+
+def say(run: str) -> Callable[[str], None]:
+    """A progress printer for one run."""
+    return lambda text: print(f"[planner] live {run}: {text}", flush=True)
+
+
+def live_markdown(live: dict[str, Any]) -> str:
+    steady, step = live["steady"], live["step"]
+    plan = lambda run: ", ".join(f"{n}: {c['hardware']} x{c['replicas']} batch {c['batch_size']}"  # noqa: E731
+                                 for n, c in run["plan"].items())
+    lines = ["## Live (Docker)", "",
+             f"Pipeline {' -> '.join(live['pipeline'])} on {live['host']} ({live['cores']:g} cores); hardware allowed: "
+             f"{live['hardware']} (step run: {live['step_hardware']}). Poisson arrivals; SLO = {SLO_FACTOR:g}x the "
+             "batch-1 service path.", "",
+             "| run | rate q/s | SLO ms | plan | queries | failed | measured p50 / p99 ms | predicted p99 ms (which) "
+             "| p99 error | miss rate |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, run in (("steady, plan as is", steady), ("rate step, Tuner on", step)):
+        if "skipped" in run:
+            lines.append(f"| {name} | - | - | - | - | - | - | - | - | {run['skipped']} |")
+            continue
+        m, which = run["measured"], run["compared_with"]
+        lines.append(f"| {name} | {run['rate_per_s']} | {run['slo_ms']:g} | {plan(run)} | {m['queries']} | "
+                     f"{m['failed']} | {m['p50_ms']} / {m['p99_ms']} | {run[which]['p99_ms']} "
+                     f"({which.replace('_', ' ')}) | {run.get('p99_error', 0):+.1%} | {m['miss_rate']:.2%} |")
+    lines += ["", f"Steady run: predicted p99 within {LIVE_TARGET_P99_ERROR:.0%} of measured: {steady['met_p99_error']}."]
+    if "skipped" not in step:
+        asked = [f"{c['t_s']:.1f} s {c['stage']} -> {c['replicas']}" for c in step["replica_changes"]
+                 if c["event"] == "asked"]
+        lines += [f"Step run: rate x{step['step_factor']:g} from {step['step_at_s']:g} s; the Tuner asked "
+                  f"{'; '.join(asked) or 'nothing'}; the last replica joined at {step['scaled_at_s']} s. p99 before "
+                  f"the step {step['p99_before_ms']} ms, after it {step['p99_after_ms']} ms, after the last replica "
+                  f"joined {step['p99_after_scaled_ms']} ms.", f"Plots: {steady['plot']}, {step['plot']}."]
+    return "\n".join(lines + [""])
+
+
+def merge_section(out_dir: Path, key: str, value: dict[str, Any], title: str, text: str) -> None:
+    """Set ``key`` in planner.json and replace the ``## <title>`` section of planner.md, keeping everything else."""
+    path = out_dir / "planner.json"
+    record = json.loads(path.read_text()) if path.is_file() else {}
+    record[key] = value
+    write_atomically(path, json.dumps(record, indent=2) + "\n")
+    md = out_dir / "planner.md"
+    sections = md.read_text().split("\n## ") if md.is_file() else ["# Placement planner benchmark\n"]
+    kept = [sections[0]] + ["## " + s for s in sections[1:] if not s.startswith(title)]
+    write_atomically(md, "\n".join(kept + [text]).rstrip() + "\n")
+
+
+def write_live(live: dict[str, Any], out_dir: Path) -> None:
+    merge_section(out_dir, "live", live, "Live", live_markdown(live))
+

@@ -1,0 +1,190 @@
+"""Applying a plan live: its replicas started on a backend, a trace driven through them, the Tuner optionally scaling.
+
+``apply_plan`` checks everything it can before it starts anything (the plan against the
+pipeline, every container spec, the ports, the artifacts, the trace), then starts the
+plan's replicas, routes the trace's queries through the ``Frontend`` in real time while
+``LiveTuner`` (if asked for) applies the Tuner's replica counts, waits for the last queries,
+stops every container, and writes ``live.json`` and ``live.png`` into the run folder. The
+record holds what was measured next to what the Estimator predicts for the same trace,
+plan and routing draws, so the two can be compared query set for query set.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from containers.atomic import write_atomically
+from containers.backends.base import ContainerBackend
+from containers.errors import ScenarioError
+from containers.planner.batchqueue import ReplicaChange
+from containers.planner.deploy_plan import plan_specs
+from containers.planner.estimator import Estimator
+from containers.planner.frontend import Frontend, LiveQueries, stage_inputs
+from containers.planner.pipeline import Pipeline
+from containers.planner.plan import Plan
+from containers.planner.replicas import ReplicaEvent, ReplicaSet, group_specs, port_free
+from containers.planner.trace import check_trace
+from containers.planner.tuner import INTERVAL_S, Tuner, simulate_with_tuner
+
+SCHEMA_VERSION = 1
+RECORD, PLOT = "live.json", "live.png"
+BASE_PORT = 18700
+DRAIN_S = 30.0  # after the last arrival, how long queries in flight may take before they count as failed
+
+
+class LiveTuner:
+    """Every ``interval_s`` of the trace's clock, the Tuner looks at the arrivals so far; its counts go to the replicas.
+
+    Args:
+        tuner: the policy (``Tuner.for_plan``): it only answers how many replicas.
+        frontend: whose clock and submitted arrivals it observes.
+        replicas: what carries out the counts.
+        arrivals: the trace being driven (only the submitted part is shown to the Tuner).
+    """
+
+    def __init__(self, tuner: Tuner, frontend: Frontend, replicas: ReplicaSet, arrivals: np.ndarray,
+                 interval_s: float = INTERVAL_S) -> None:
+        self.tuner, self.frontend, self.replicas, self.arrivals = tuner, frontend, replicas, arrivals
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="live-tuner")
+
+    def start(self) -> LiveTuner:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self.frontend.started.wait(0.1):
+            if self._stop.is_set():
+                return
+        tick = self.interval_s
+        while not self._stop.wait(max(tick - self.frontend.clock(), 0.0)):
+            now = self.frontend.clock()
+            for stage, replicas in self.tuner.observe(self.arrivals[: self.frontend.submitted_], now).items():
+                self.replicas.scale(stage, replicas)
+            tick += self.interval_s
+
+
+def apply_plan(plan: Plan, pipeline: Pipeline, arrivals: np.ndarray, out_dir: Path,
+               backend: str | ContainerBackend = "auto", tuner: bool = False, seed: int = 0,
+               base_port: int = BASE_PORT, duration_s: float | None = None, drain_s: float = DRAIN_S,
+               on_event: Callable[[str], None] = lambda text: None) -> dict[str, Any]:
+    """Serve ``plan`` live over ``arrivals`` and return (and write into ``out_dir``) the run's record.
+
+    Args:
+        seed: the routing draws' (as the Estimator's): which queries visit which stage.
+        base_port: the plan's replicas listen on consecutive ports from here; the Tuner's on the next free ones.
+        duration_s: only the arrivals before this many seconds are sent.
+
+    Raises:
+        PlanError: the plan is not for this pipeline or does not fit it, or a stage is not on CPU.
+        ScenarioError: a container spec, port or trace that cannot be used.
+        ArtifactError: a stage's artifact does not open. These three are raised before any container starts.
+        ContainerError: a replica did not start (those that did are stopped again).
+    """
+    from containers.backends import check_spec, create_backend
+
+    arrivals = check_trace(arrivals)
+    if duration_s is not None:
+        arrivals = check_trace(arrivals[arrivals < duration_s])
+    specs = plan_specs(plan, pipeline, base_port)
+    for spec in specs:
+        check_spec(spec)
+        if not port_free(spec.host, spec.port):
+            raise ScenarioError(f"port {spec.port} (for {spec.name}) is in use; give another base port")
+    estimator = Estimator(pipeline, arrivals, seed=seed)
+    frontend = Frontend(pipeline, plan.stages, estimator.visits_, stage_inputs(pipeline, plan.stages))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    engine = create_backend(backend)
+    replicas = ReplicaSet(engine, frontend, group_specs(specs, {s.name: plan.stages[s.name].replicas
+                                                                for s in pipeline.stages}))
+    on_event(f"starting {len(specs)} replicas on the {engine.kind} backend")
+    replicas.start()
+    live_tuner = LiveTuner(Tuner.for_plan(plan, estimator), frontend, replicas, arrivals) if tuner else None
+    on_event(f"driving {arrivals.size} queries over {float(arrivals[-1]):.1f} s" + (" with the Tuner" if tuner else ""))
+    started = time.monotonic()
+    try:
+        if live_tuner is not None:
+            live_tuner.start()
+        frontend.drive(arrivals)
+        if not frontend.drain(drain_s):
+            on_event(f"queries still unfinished {drain_s:g} s after the last arrival: they count as failed")
+    finally:
+        if live_tuner is not None:
+            live_tuner.stop()
+        replicas.close()
+        queries = frontend.close()
+    record = live_record(plan, estimator, queries, replicas.events_, engine.kind, tuner, time.monotonic() - started)
+    write_atomically(out_dir / RECORD, json.dumps(record, indent=2) + "\n")
+    from containers.planner.liveplot import plot_live
+
+    plot_live(record, out_dir / PLOT)
+    on_event(f"done: p99 {record['measured']['p99_ms']} ms measured, {record[record['compared_with']]['p99_ms']} ms "
+             f"predicted; {record['measured']['failed']} of {record['measured']['queries']} queries failed")
+    return record
+
+
+def live_record(plan: Plan, estimator: Estimator, queries: LiveQueries, events: list[ReplicaEvent],
+                backend: str, tuner: bool, wall_s: float) -> dict[str, Any]:
+    """The run as JSON: per query, per batch stage, the replica changes, and measured next to predicted.
+
+    ``predicted`` is the Estimator over the same trace and draws with the plan's replicas fixed;
+    with the Tuner, ``predicted_with_tuner`` lets the simulated Tuner scale, and
+    ``predicted_live_schedule`` replays the replica counts the live Tuner actually asked for.
+    ``p99_error`` is measured over predicted p99 minus one, against the prediction named by
+    ``compared_with`` (the live schedule's when the Tuner ran).
+    """
+    measured = queries.summary(plan.slo_ms)
+    keys = ("p50_ms", "p99_ms", "mean_ms", "miss_rate")
+    predicted = {k: round(v, 5) for k, v in estimator.estimate(plan.stages, plan.slo_ms).summary().items() if k in keys}
+    record: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION, "pipeline": plan.pipeline, "method": plan.method, "slo_ms": plan.slo_ms,
+        "backend": backend, "tuner": tuner, "seed": estimator.seed, "wall_s": round(wall_s, 2),
+        "trace": {"queries": int(estimator.arrivals.size), "sent": int(queries.arrival_s.size),
+                  "seconds": round(float(estimator.arrivals[-1]), 3)},
+        "plan": {name: asdict(cfg) for name, cfg in plan.stages.items()},
+        "measured": measured, "predicted": predicted,
+    }
+    record["compared_with"] = "predicted"
+    if tuner:
+        run = simulate_with_tuner(estimator.pipeline, plan, estimator.arrivals, seed=estimator.seed,
+                                  startup_s=estimator.startup_s)
+        record["predicted_with_tuner"] = {**{k: round(v, 5) for k, v in run.estimate.summary().items() if k in keys},
+                                          "replica_changes": len(run.schedule)}
+        schedule = [ReplicaChange(e.t_s, e.stage, e.replicas) for e in events if e.event == "asked"]
+        replay = estimator.estimate(plan.stages, plan.slo_ms, schedule).summary()
+        record["predicted_live_schedule"] = {k: round(v, 5) for k, v in replay.items() if k in keys}
+        record["compared_with"] = "predicted_live_schedule"
+    if measured["p99_ms"] is not None:
+        record["p99_error"] = round(measured["p99_ms"] / record[record["compared_with"]]["p99_ms"] - 1, 4)
+    record["replica_changes"] = [asdict(e) for e in events]
+    record["batches"] = _batch_summary(queries, list(plan.stages))
+    record["errors"] = dict(Counter(e for e in queries.errors if e is not None).most_common(5))
+    record["queries"] = {"arrival_s": [round(t, 6) for t in queries.arrival_s.tolist()],
+                         "latency_ms": [None if np.isnan(v) else round(v, 3) for v in queries.latency_ms.tolist()],
+                         "failed": queries.failed.tolist()}
+    return record
+
+
+def _batch_summary(queries: LiveQueries, stages: list[str]) -> dict[str, dict[str, float | int]]:
+    """Per stage: requests made, how many failed, and the batch sizes they carried."""
+    out: dict[str, dict[str, float | int]] = {}
+    for stage in stages:
+        sizes = [len(b.queries) for b in queries.batches if b.stage == stage]
+        out[stage] = {"requests": len(sizes), "failed": sum(b.error is not None for b in queries.batches
+                                                            if b.stage == stage),
+                      "mean_size": round(float(np.mean(sizes)), 3) if sizes else 0, "max_size": max(sizes, default=0)}
+    return out

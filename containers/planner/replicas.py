@@ -1,0 +1,192 @@
+"""The containers behind a live pipeline: started and stopped through a backend, routed to by the front end.
+
+The plan's replicas start side by side before any query is sent (all of them, or none:
+one that fails to start stops the others). Later changes come from the Tuner as a count per
+stage. Going up starts containers in the background (the next ``<pipeline>-<stage>-<k>``
+name, the next free port, the stage's planned size) and routes to each once it answers
+``/health``; going down first drops containers still starting, then takes the newest
+serving ones out of the route, lets their batch in hand finish, and stops them. Every
+change is recorded with its time, so a run shows when capacity was asked for and when it
+served.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+
+from containers.backends.base import HOST, ContainerBackend, ContainerSpec
+from containers.errors import ContainerError, ScenarioError
+from containers.planner.frontend import Frontend
+
+
+@dataclass(frozen=True)
+class ReplicaEvent:
+    """A change of a stage's replicas.
+
+    Attributes:
+        t_s: on the front end's clock (the trace's; the plan's replicas are at 0).
+        replicas: the count after the change: asked for (``asked``) or serving (the others).
+        event: ``planned``, ``asked`` (the Tuner's new count), ``serving`` (a replica added to the route),
+            ``removed`` (taken out and stopped), or ``failed`` (a start that did not come up).
+        container: the container it concerns; None for ``planned`` and ``asked``.
+        error: why a start failed, or a stop did not go cleanly.
+    """
+
+    t_s: float
+    stage: str
+    replicas: int
+    event: str
+    container: str | None = None
+    error: str | None = None
+
+
+class ReplicaSet:
+    """Each stage's containers and their routes.
+
+    Args:
+        backend: starts and stops the containers.
+        frontend: routes queries to the replicas serving.
+        specs: stage -> its planned replicas' specs (``plan_specs``, grouped); the first is the
+            template for the stage's later replicas.
+        start_timeout_s: how long a container may take to answer ``/health``.
+    """
+
+    def __init__(self, backend: ContainerBackend, frontend: Frontend, specs: dict[str, Sequence[ContainerSpec]],
+                 start_timeout_s: float = 60.0) -> None:
+        if not all(specs.values()):
+            raise ScenarioError("every stage needs at least one planned replica")
+        self.backend, self.frontend, self.specs, self.start_timeout_s = backend, frontend, specs, start_timeout_s
+        self.serving_: dict[str, list[ContainerSpec]] = {stage: [] for stage in specs}
+        self.events_: list[ReplicaEvent] = []
+        self._starting: dict[str, list[ContainerSpec]] = {stage: [] for stage in specs}
+        self._cancelled: set[str] = set()
+        self._next = {stage: len(s) for stage, s in specs.items()}
+        self._ports = {spec.port for s in specs.values() for spec in s}
+        self._workers: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        """Start every planned replica side by side and route to them; on any failure stop them all and raise."""
+        everything = [spec for s in self.specs.values() for spec in s]
+        with ThreadPoolExecutor(max_workers=len(everything)) as pool:
+            outcomes = list(zip(everything, pool.map(self._try_start, everything)))
+        errors = [f"{spec.name}: {err}" for spec, err in outcomes if err is not None]
+        if errors:
+            for spec, err in outcomes:
+                if err is None:
+                    self.backend.stop(spec.name)
+            raise ContainerError(f"the plan's replicas did not all start; {'; '.join(errors)}")
+        for stage, specs in self.specs.items():
+            for spec in specs:
+                self.frontend.add_replica(stage, spec.url)
+            self.serving_[stage] = list(specs)
+            self.events_.append(ReplicaEvent(0.0, stage, len(specs), "planned"))
+
+    def scale(self, stage: str, replicas: int) -> None:
+        """Move ``stage`` towards ``replicas`` (starts and stops happen in the background)."""
+        if stage not in self.specs:
+            raise ScenarioError(f"no stage {stage!r} among {', '.join(self.specs)}")
+        with self._lock:
+            self.events_.append(ReplicaEvent(self.frontend.clock(), stage, replicas, "asked"))
+            starting = [s for s in self._starting[stage] if s.name not in self._cancelled]
+            have = len(self.serving_[stage]) + len(starting)
+            for _ in range(replicas - have):
+                spec = self._new_spec(stage)
+                self._starting[stage].append(spec)
+                self._spawn(self._grow, stage, spec)
+            for spec in list(reversed(starting))[: max(have - replicas, 0)]:
+                self._cancelled.add(spec.name)
+            for spec in self.serving_[stage][::-1][: max(have - replicas - len(starting), 0)]:
+                self.serving_[stage].remove(spec)
+                self._spawn(self._shrink, stage, spec)
+
+    def close(self) -> None:
+        """Wait for starts and stops in progress, take every replica out of the route, and stop all containers."""
+        with self._lock:
+            for specs in self._starting.values():
+                self._cancelled.update(s.name for s in specs)
+        for worker in list(self._workers):
+            worker.join()
+        for stage, specs in self.serving_.items():
+            for spec in specs:
+                self.frontend.remove_replica(stage, spec.url)
+                self.backend.stop(spec.name)
+            specs.clear()
+
+    def _try_start(self, spec: ContainerSpec) -> str | None:
+        try:
+            self.backend.start(spec, self.start_timeout_s)
+        except ContainerError as err:
+            return str(err)
+        return None
+
+    def _new_spec(self, stage: str) -> ContainerSpec:
+        """The stage's next replica: its planned size, the next name and free port (caller holds the lock)."""
+        template = self.specs[stage][0]
+        port = max(self._ports) + 1
+        while not port_free(template.host, port):
+            port += 1
+        self._ports.add(port)
+        name = f"{template.name.rsplit('-', 1)[0]}-{self._next[stage]}"
+        self._next[stage] += 1
+        return replace(template, name=name, port=port)
+
+    def _spawn(self, work: Callable[[str, ContainerSpec], None], stage: str, spec: ContainerSpec) -> None:
+        thread = threading.Thread(target=work, args=(stage, spec), daemon=True, name=f"replica-{spec.name}")
+        self._workers.append(thread)
+        thread.start()
+
+    def _grow(self, stage: str, spec: ContainerSpec) -> None:
+        """Start one replica; route to it unless it was cancelled meanwhile."""
+        error = self._try_start(spec)
+        with self._lock:
+            self._starting[stage].remove(spec)
+            if error is not None:
+                self.events_.append(ReplicaEvent(self.frontend.clock(), stage, len(self.serving_[stage]), "failed",
+                                                 spec.name, error))
+                return
+            if spec.name not in self._cancelled:
+                self.frontend.add_replica(stage, spec.url)
+                self.serving_[stage].append(spec)
+                self.events_.append(ReplicaEvent(self.frontend.clock(), stage, len(self.serving_[stage]), "serving",
+                                                 spec.name))
+                return
+        self.backend.stop(spec.name)
+
+    def _shrink(self, stage: str, spec: ContainerSpec) -> None:
+        """Take one replica out of the route (its batch in hand finishes first), then stop it."""
+        self.frontend.remove_replica(stage, spec.url)
+        try:
+            self.backend.stop(spec.name)
+            error = None
+        except ContainerError as err:
+            error = f"stopping it failed: {err}"
+        with self._lock:
+            self.events_.append(ReplicaEvent(self.frontend.clock(), stage, len(self.serving_[stage]), "removed",
+                                             spec.name, error))
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether nothing listens on ``host:port`` now: a bind succeeds, with ``SO_REUSEADDR`` as servers bind
+    (so the connections of a server stopped a moment ago, still in TIME_WAIT, do not count)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host or HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def group_specs(specs: Sequence[ContainerSpec], counts: dict[str, int]) -> dict[str, list[ContainerSpec]]:
+    """``plan_specs``'s flat list (stage by stage, in order) grouped by stage; ``counts`` is replicas per stage."""
+    grouped: dict[str, list[ContainerSpec]] = {}
+    i = 0
+    for stage, n in counts.items():
+        grouped[stage] = list(specs[i:i + n])
+        i += n
+    return grouped

@@ -1,0 +1,219 @@
+"""The live pipeline: batched queues, routing and joins against real model servers; replicas coming and going;
+``plan apply`` refusing bad input before it starts anything; and a plan applied on Docker against its prediction.
+
+The front-end tests run real model servers (``python -m containers.server``) on a real toy
+artifact built from Relax in seconds (``tests.test_server``); the Docker test profiles the
+session's tuned MLP in containers, plans a two-stage pipeline on it and serves it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from autotune.cli import app
+from containers.planner.config import StageConfig
+from containers.planner.estimator import Estimator
+from containers.planner.frontend import UNFINISHED, Frontend, LiveQueries, stage_inputs
+from containers.planner.pipeline import Pipeline, Stage, read_pipeline
+from containers.planner.planner import plan_pipeline
+from containers.planner.profiles import ServicePoint, StageProfile
+from containers.planner.trace import gamma_trace, write_trace
+from tests.planner_profiles import CHAIN, CNN, PRE, write_pipeline
+from tests.test_server import build_toy_artifact, running_server
+
+SHARE_TOLERANCE = 0.08
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_toy_artifact(tmp_path_factory.mktemp("toy") / "artifact")
+
+
+@pytest.fixture(scope="module")
+def urls(toy: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
+    """Two model servers on the toy artifact, shared by the front-end tests (stages may share a server)."""
+    logs = tmp_path_factory.mktemp("logs")
+    with ExitStack() as stack:
+        yield [stack.enter_context(running_server(toy, logs / f"toy-{i}.log")) for i in range(2)]
+
+
+def _pipeline(toy: Path, layout: list[tuple[str, tuple[str, ...], float]]) -> Pipeline:
+    """Stages on the toy artifact; their profile only matters to the Estimator, whose draws route the queries."""
+    points = {"cpu-1": tuple(ServicePoint(b, 1.0 + b, 2.0 + b) for b in (1, 2, 4, 8))}
+    return Pipeline("live", tuple(Stage(n, toy, parents, s, StageProfile(n, points), {"cpu-1": 0.0425})
+                                  for n, parents, s in layout))
+
+
+def _serve(pipeline: Pipeline, config: dict[str, StageConfig], arrivals: np.ndarray, replicas: dict[str, list[str]]
+           ) -> tuple[LiveQueries, Estimator]:
+    estimator = Estimator(pipeline, arrivals, seed=0)
+    frontend = Frontend(pipeline, config, estimator.visits_, stage_inputs(pipeline, config), request_timeout_s=5)
+    for stage, stage_urls in replicas.items():
+        for url in stage_urls:
+            frontend.add_replica(stage, url)
+    frontend.drive(arrivals)
+    frontend.drain(10)
+    return frontend.close(), estimator
+
+
+def test_every_query_is_routed_as_the_estimator_draws_and_joins_wait_for_all_parents(toy: Path, urls: list[str]
+                                                                                    ) -> None:
+    pipeline = _pipeline(toy, [("a", (), 1.0), ("b", ("a",), 0.5), ("c", ("a",), 0.7), ("d", ("b", "c"), 1.0)])
+    config = {n: StageConfig("cpu-1", 4, 1, 5.0) for n in "abcd"}
+    arrivals = gamma_trace(150, 1.0, 2.5, seed=3)
+    queries, estimator = _serve(pipeline, config, arrivals, {"a": urls, "b": urls[:1], "c": urls[1:], "d": urls[:1]})
+    assert queries.arrival_s.size == arrivals.size and not queries.failed.any()
+    assert np.isfinite(queries.latency_ms).all() and (queries.latency_ms > 0).all()
+    carried: dict[str, dict[int, tuple[float, float]]] = {n: {} for n in "abcd"}
+    for batch in queries.batches:
+        assert batch.error is None
+        for q in batch.queries:
+            assert q not in carried[batch.stage], f"query {q} served twice at {batch.stage}"
+            carried[batch.stage][q] = (batch.sent_s, batch.done_s)
+    for stage in "abcd":  # the same queries as the Estimator's draws, no more and no fewer
+        assert sorted(carried[stage]) == np.flatnonzero(estimator.visits_[stage]).tolist()
+    assert abs(len(carried["b"]) / arrivals.size - 0.5) < SHARE_TOLERANCE
+    assert abs(len(carried["c"]) / arrivals.size - 0.7) < SHARE_TOLERANCE
+    for q, (sent, _) in carried["d"].items():  # a join starts a query only once every parent it visited is done
+        parents = [carried[p][q][1] for p in "bc" if q in carried[p]]
+        assert parents and sent >= max(parents)
+    for q in range(arrivals.size):  # complete when its last stage is done; latency counts from its arrival
+        last = max(done for stage in "abcd" if q in carried[stage] for done in [carried[stage][q][1]])
+        assert queries.latency_ms[q] == pytest.approx((last - queries.arrival_s[q]) * 1e3)
+
+
+def test_batches_respect_the_batch_size_and_the_timeout(toy: Path, urls: list[str]) -> None:
+    timeout_s, size = 0.040, 4
+    pipeline = _pipeline(toy, [("m", (), 1.0)])
+    config = {"m": StageConfig("cpu-1", size, 1, timeout_s * 1e3)}
+    burst = [0.1] * 10 + [0.5, 0.8, 1.1] + [1.5] * 6  # two bursts with lone queries between them
+    queries, _ = _serve(pipeline, config, np.asarray(burst), {"m": urls[:1]})
+    assert not queries.failed.any()
+    sizes = [len(b.queries) for b in queries.batches]
+    assert max(sizes) == size and sum(sizes) == len(burst)
+    for batch in queries.batches:
+        waited = batch.sent_s - batch.oldest_ready_s
+        if len(batch.queries) < size:  # a partial batch goes only once its oldest query waited the timeout
+            assert timeout_s - 1e-3 <= waited < timeout_s + 0.1, (batch, waited)
+    lone = [b for b in queries.batches if queries.arrival_s[b.queries[0]] in (0.5, 0.8, 1.1)]
+    assert [len(b.queries) for b in lone] == [1, 1, 1]
+    first = [b for b in queries.batches if b.queries[0] in (0, 13)]  # each burst's first batch is full at once
+    assert all(len(b.queries) == size and b.sent_s - b.oldest_ready_s < timeout_s for b in first)
+
+
+def test_a_failed_request_fails_its_queries_and_none_is_lost(toy: Path, urls: list[str]) -> None:
+    pipeline = _pipeline(toy, [("a", (), 1.0), ("b", ("a",), 0.5)])
+    config = {n: StageConfig("cpu-1", 2, 1, 0.0) for n in "ab"}
+    arrivals = gamma_trace(60, 1.0, 1.5, seed=4)
+    queries, estimator = _serve(pipeline, config, arrivals, {"a": urls[:1], "b": ["http://127.0.0.1:9"]})
+    assert queries.arrival_s.size == arrivals.size
+    assert np.array_equal(queries.failed, estimator.visits_["b"])  # exactly those that reached the dead replica
+    assert all(e.startswith("b: ContainerError: cannot reach") for e in queries.errors if e is not None)
+    summary = queries.summary(slo_ms=1e6)
+    assert summary["failed"] == int(estimator.visits_["b"].sum()) and summary["miss_rate"] == pytest.approx(
+        summary["failed"] / arrivals.size)
+    assert UNFINISHED not in queries.errors
+
+
+def test_replicas_join_and_leave_while_queries_flow(toy: Path, tmp_path: Path) -> None:
+    from containers.backends.base import ContainerSpec
+    from containers.backends.local import LocalBackend
+    from containers.planner.replicas import ReplicaSet
+
+    pipeline = _pipeline(toy, [("m", (), 1.0)])
+    config = {"m": StageConfig("cpu-1", 1, 1, 0.0)}
+    arrivals = gamma_trace(80, 1.0, 6.0, seed=5)
+    estimator = Estimator(pipeline, arrivals)
+    frontend = Frontend(pipeline, config, estimator.visits_, stage_inputs(pipeline, config))
+    backend = LocalBackend(log_dir=tmp_path)
+    replicas = ReplicaSet(backend, frontend, {"m": [ContainerSpec("live-m-0", toy, 18790, threads=1)]})
+    replicas.start()
+    driver = threading.Thread(target=frontend.drive, args=(arrivals,))
+    driver.start()
+    try:
+        frontend.started.wait(5)
+        replicas.scale("m", 2)
+        deadline = time.monotonic() + 30
+        while len(frontend.replicas("m")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        grown = frontend.clock()
+        time.sleep(max(4.0 - grown, 0.5))
+        replicas.scale("m", 1)
+        driver.join()
+        frontend.drain(10)
+    finally:
+        replicas.close()
+        queries = frontend.close()
+    events = [(e.event, e.replicas, e.container) for e in replicas.events_]
+    assert events[:3] == [("planned", 1, None), ("asked", 2, None), ("serving", 2, "live-m-1")]
+    assert events[3:] == [("asked", 1, None), ("removed", 1, "live-m-1")]  # the newest goes first
+    removed_at, first = replicas.events_[-1].t_s, "http://127.0.0.1:18790"
+    added = {b.url for b in queries.batches} - {first}
+    assert len(added) == 1  # both replicas served, on ports of their own
+    assert all(b.done_s <= removed_at for b in queries.batches if b.url in added)
+    assert queries.arrival_s.size == arrivals.size and not queries.failed.any()
+    assert backend.list() == []
+
+
+@pytest.mark.parametrize("case", ["other pipeline", "unprofiled hardware", "not a plan", "not an artifact"])
+def test_plan_apply_refuses_bad_input_and_starts_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         case: str) -> None:
+    import containers.backends
+
+    created: list[object] = []
+    monkeypatch.setattr(containers.backends, "create_backend", lambda *a, **k: created.append(a))
+    pipeline_file = write_pipeline(tmp_path, CHAIN, {"pre": PRE, "cnn": CNN})
+    trace = tmp_path / "trace.txt"
+    write_trace(trace, gamma_trace(20, 1.0, 10, seed=1))
+    plan = plan_pipeline(Estimator(read_pipeline(pipeline_file), gamma_trace(20, 1.0, 10, seed=1)))
+    raw = plan.to_json()
+    if case == "other pipeline":
+        raw["pipeline"] = "elsewhere"
+    elif case == "unprofiled hardware":
+        raw["stages"]["cnn"]["hardware"] = "cpu-4"
+    elif case == "not a plan":
+        raw = {"schema_version": 1}
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(raw))
+    result = CliRunner().invoke(app, ["plan", "apply", str(plan_file), "--trace", str(trace), "--out",
+                                      str(tmp_path / "run"), "--pipeline", str(pipeline_file)])
+    assert result.exit_code == 2, result.output
+    assert created == [] and not (tmp_path / "run" / "live.json").exists()
+
+
+@pytest.mark.docker
+def test_a_two_stage_plan_served_on_docker_loses_nothing_and_tracks_its_prediction(tuned_run, docker_backend,
+                                                                                  tmp_path: Path) -> None:
+    from containers.planner.live import apply_plan
+    from containers.profiling import ContainerSize, merge_profile, profile_in_containers
+    from results.artifact import rewrite_profile
+    from results.profile import read_profile
+
+    artifact = Path(shutil.copytree(tuned_run.artifact, tmp_path / "artifact"))
+    entries = profile_in_containers(docker_backend, artifact, [ContainerSize(0.5, (0,))], [1], seconds=2.0,
+                                    warmup_s=0.5)
+    rewrite_profile(artifact, merge_profile(read_profile(artifact / "profile.json"), entries))
+    (tmp_path / "two.toml").write_text(
+        f'name = "two"\n[[stages]]\nname = "first"\nartifact = "{artifact}"\nhardware = ["cpu-0.5"]\n'
+        f'[[stages]]\nname = "second"\nartifact = "{artifact}"\nparents = ["first"]\nhardware = ["cpu-0.5"]\n')
+    pipeline = read_pipeline(tmp_path / "two.toml")
+    service_ms = pipeline.stage("first").profile.service_ms("cpu-0.5", 1)
+    rate = min(0.3e3 / service_ms, 40.0)
+    plan = plan_pipeline(Estimator(pipeline, gamma_trace(rate, 1.0, 20, seed=1)), slo_ms=20 * service_ms)
+    live = gamma_trace(rate, 1.0, 8, seed=2)
+    record = apply_plan(plan, pipeline, live, tmp_path / "run", backend=docker_backend)
+    assert record["measured"]["queries"] == live.size and record["measured"]["failed"] == 0
+    assert docker_backend.list() == []
+    assert (tmp_path / "run" / "live.json").is_file() and (tmp_path / "run" / "live.png").is_file()
+    measured, predicted = record["measured"]["p99_ms"], record["predicted"]["p99_ms"]
+    assert predicted / 3 - 5 <= measured <= 3 * predicted + 10, record["measured"]
