@@ -121,7 +121,7 @@ def test_a_failed_request_fails_its_queries_and_none_is_lost(toy: Path, urls: li
     assert all(e.startswith("b: ContainerError: cannot reach") for e in queries.errors if e is not None)
     summary = queries.summary(slo_ms=1e6)
     assert summary["failed"] == int(estimator.visits_["b"].sum()) and summary["miss_rate"] == pytest.approx(
-        summary["failed"] / arrivals.size)
+        summary["failed"] / arrivals.size, abs=1e-5)  # the summary rounds to 5 places
     assert UNFINISHED not in queries.errors
 
 
