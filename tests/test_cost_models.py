@@ -250,7 +250,8 @@ def test_filter_and_preemption_in_a_real_session(tmp_path):
     from autotune.progress import SilentProgress
     from cost_models.latency_model import create_latency_model
 
-    config = TuneConfig(model="zoo:mlp", out_dir=tmp_path, trials=96, batch_sizes=(1,), round_size=8, trial_floor=8)
+    # ~7 rounds a task: enough for a round with no gain (trust) and two (a stop) whatever path the search takes
+    config = TuneConfig(model="zoo:mlp", out_dir=tmp_path, trials=160, batch_sizes=(1,), round_size=8, trial_floor=8)
     prepared = prepare_model(config, SilentProgress())
     policies = Policies(create_latency_model(2, warmup_samples=8),
                         TrimmerFilter(threshold=2.0, keep_share=0.25, explore_share=0.25, min_tau=-1.0,
