@@ -95,6 +95,19 @@ def plan_make(
     print(f"plan written to {out}")
 
 
+def _plan_and_pipeline(plan_file: Path, pipeline_file: Path | None) -> tuple[Any, Any]:
+    """The plan, and the pipeline it was made from (or ``pipeline_file``), both checked."""
+    from containers.errors import PlanError
+    from containers.planner.pipeline import read_pipeline
+    from containers.planner.plan import read_plan
+
+    plan = read_plan(plan_file)
+    source = pipeline_file or plan.pipeline_file
+    if source is None:
+        raise PlanError(f"{plan_file} does not say which pipeline file it was made from; give --pipeline")
+    return plan, read_pipeline(source)
+
+
 @plan_app.command("simulate")
 def plan_simulate(
     plan_file: Annotated[Path, typer.Argument(metavar="PLAN", help="plan JSON written by autotune plan")],
@@ -106,18 +119,13 @@ def plan_simulate(
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
     """Replay a plan over a trace in the Estimator: latency, SLO misses and cost, with or without the Tuner."""
-    from containers.errors import ContainerError, PlanError
-    from containers.planner.pipeline import read_pipeline
-    from containers.planner.plan import read_plan
+    from containers.errors import ContainerError
     from containers.planner.simulate import simulate_plan
     from containers.planner.trace import read_trace
 
     try:
-        plan = read_plan(plan_file)
-        source = pipeline_file or plan.pipeline_file
-        if source is None:
-            raise PlanError(f"{plan_file} does not say which pipeline file it was made from; give --pipeline")
-        result = simulate_plan(read_pipeline(source), plan, read_trace(trace), tuner=tuner, seed=seed)
+        plan, pipeline = _plan_and_pipeline(plan_file, pipeline_file)
+        result = simulate_plan(pipeline, plan, read_trace(trace), tuner=tuner, seed=seed)
     except ContainerError as err:
         _fail(err)
         return
@@ -150,20 +158,15 @@ def plan_apply(
     as_json: Annotated[bool, typer.Option("--json", help="print the record's summary as JSON")] = False,
 ) -> None:
     """Serve a plan live: start its replicas, drive the trace through them, stop them; measured p99 against predicted."""
-    from containers.errors import ContainerError, PlanError
+    from containers.errors import ContainerError
     from containers.planner.live import apply_plan
-    from containers.planner.pipeline import read_pipeline
-    from containers.planner.plan import read_plan
     from containers.planner.trace import read_trace
     from results.errors import ArtifactError
 
     try:
-        plan = read_plan(plan_file)
-        source = pipeline_file or plan.pipeline_file
-        if source is None:
-            raise PlanError(f"{plan_file} does not say which pipeline file it was made from; give --pipeline")
+        plan, pipeline = _plan_and_pipeline(plan_file, pipeline_file)
         out = out or Path("runs/live") / plan.pipeline
-        record = apply_plan(plan, read_pipeline(source), read_trace(trace), out, backend=backend, tuner=tuner,
+        record = apply_plan(plan, pipeline, read_trace(trace), out, backend=backend, tuner=tuner,
                             seed=seed, base_port=base_port, duration_s=duration,
                             on_event=(lambda text: None) if as_json else print)
     except (ContainerError, ArtifactError) as err:
