@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from containers.atomic import write_atomically
+
 OUT_DIR = Path("results/bench")
 WORK = OUT_DIR / "work" / "planner"
 QOE_ARTIFACTS = OUT_DIR / "work" / "qoe" / "artifacts"
@@ -153,14 +155,19 @@ def markdown(sim: dict[str, Any]) -> str:
 
 def write_results(sim: dict[str, Any], out_dir: Path) -> None:
     """Merge ``simulated`` into planner.json and its section into planner.md, keeping what others wrote."""
+    merge_section(out_dir, "simulated", sim, "Simulated", markdown(sim))
+
+
+def merge_section(out_dir: Path, key: str, value: dict[str, Any], title: str, text: str) -> None:
+    """Set ``key`` in planner.json and replace the ``## <title>`` section of planner.md, keeping everything else."""
     path = out_dir / "planner.json"
     record = json.loads(path.read_text()) if path.is_file() else {}
-    record["simulated"] = sim
-    path.write_text(json.dumps(record, indent=2) + "\n")
+    record[key] = value
+    write_atomically(path, json.dumps(record, indent=2) + "\n")
     md = out_dir / "planner.md"
     sections = md.read_text().split("\n## ") if md.is_file() else ["# Placement planner benchmark\n"]
-    kept = [sections[0]] + ["## " + s for s in sections[1:] if not s.startswith("Simulated")]
-    md.write_text("\n".join(kept[:1] + [markdown(sim)] + kept[1:]).rstrip() + "\n")
+    kept = [sections[0]] + ["## " + s for s in sections[1:] if not s.startswith(title)]
+    write_atomically(md, "\n".join(kept + [text]).rstrip() + "\n")
 
 
 def main() -> None:

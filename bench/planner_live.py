@@ -22,8 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.planner import QOE_ARTIFACTS, SLO_FACTOR, WORK
-from containers.atomic import write_atomically
+from bench.planner import QOE_ARTIFACTS, SLO_FACTOR, WORK, merge_section
 
 LIVE_STAGES = ("mlp", "bert_ffn")  # stage i runs QOE_ARTIFACTS/<name>/artifact; bert_ffn follows mlp
 LIVE_MAX_CORES = 1.0  # per replica: container-measured entries above this are left out, so replicas fit 2 cores
@@ -214,18 +213,6 @@ def live_markdown(live: dict[str, Any]) -> str:
                   f"the step {step['p99_before_ms']} ms, after it {step['p99_after_ms']} ms, after the last replica "
                   f"joined {step['p99_after_scaled_ms']} ms.", f"Plots: {steady['plot']}, {step['plot']}."]
     return "\n".join(lines + [""])
-
-
-def merge_section(out_dir: Path, key: str, value: dict[str, Any], title: str, text: str) -> None:
-    """Set ``key`` in planner.json and replace the ``## <title>`` section of planner.md, keeping everything else."""
-    path = out_dir / "planner.json"
-    record = json.loads(path.read_text()) if path.is_file() else {}
-    record[key] = value
-    write_atomically(path, json.dumps(record, indent=2) + "\n")
-    md = out_dir / "planner.md"
-    sections = md.read_text().split("\n## ") if md.is_file() else ["# Placement planner benchmark\n"]
-    kept = [sections[0]] + ["## " + s for s in sections[1:] if not s.startswith(title)]
-    write_atomically(md, "\n".join(kept + [text]).rstrip() + "\n")
 
 
 def write_live(live: dict[str, Any], out_dir: Path) -> None:

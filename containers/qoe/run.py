@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -115,11 +116,16 @@ def _join(manager: QoeManager, scenario: Scenario, plans: list[ContainerPlan], e
 
 def request_inputs(artifact: Path, batch: int) -> list[np.ndarray]:
     """Seeded random inputs of the artifact's shapes at ``batch`` items per request."""
+    rng = np.random.default_rng(0)
+    return [rng.standard_normal((batch, *shape)).astype(dtype) for shape, dtype in _input_spec(Path(artifact))]
+
+
+@lru_cache(maxsize=64)
+def _input_spec(artifact: Path) -> tuple[tuple[tuple[int, ...], str], ...]:
+    """Per model input, its shape without the batch axis and its dtype: the artifact is hashed once, not per call."""
     from results.artifact import open_artifact
 
-    rng = np.random.default_rng(0)
-    spec = open_artifact(artifact).manifest["model"]["inputs"]
-    return [rng.standard_normal((batch, *s["shape"][1:])).astype(s["dtype"]) for s in spec]
+    return tuple((tuple(s["shape"][1:]), s["dtype"]) for s in open_artifact(artifact).manifest["model"]["inputs"])
 
 
 def client_windows(records: list[RequestRecord], offset_s: float, window_s: float = WINDOW_S) -> list[dict[str, Any]]:
