@@ -75,7 +75,14 @@ def _cuda_target(num_cores: int) -> TargetSpec:
     dev = tvm.cuda(0)
     if not dev.exist:
         raise UsageError("target cuda was asked for, but no CUDA GPU is present on this machine; use --target cpu")
-    arch = "sm_" + dev.compute_version.replace(".", "")
-    host = {"kind": "llvm", "num-cores": num_cores}
-    config = {"kind": "cuda", "arch": arch, "max_num_threads": dev.max_threads_per_block, "host": host}
-    return TargetSpec("cuda", num_cores, config, f"{dev.device_name} ({arch})")
+    config = cuda_target_config(dev.compute_version, dev.max_threads_per_block, dev.max_shared_memory_per_block,
+                                dev.warp_size, num_cores)
+    return TargetSpec("cuda", num_cores, config, f"{dev.device_name} ({config['arch']})")
+
+
+def cuda_target_config(compute_version: str, max_threads_per_block: int, max_shared_memory_per_block: int,
+                       warp_size: int, num_cores: int) -> dict[str, Any]:
+    """The CUDA target for a device: MetaSchedule's GPU rules read these limits from the target."""
+    return {"kind": "cuda", "arch": "sm_" + compute_version.replace(".", ""), "max_num_threads": max_threads_per_block,
+            "max_threads_per_block": max_threads_per_block, "max_shared_memory_per_block": max_shared_memory_per_block,
+            "thread_warp_size": warp_size, "host": {"kind": "llvm", "num-cores": num_cores}}

@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +27,13 @@ OUT = Path("results/bench/gpu.json")
 KERNELS = ("matmul512", "conv3x3_resnet18")
 
 
-def arm(which: str, kernel_name: str, trials: int, work_dir: str) -> dict[str, Any]:
+def arm(which: str, kernel_name: str, trials: int, work_dir: str, target_name: str) -> dict[str, Any]:
     """One tuning run on the GPU; the clock starts after imports."""
     from autotune.target import resolve_target
     from measure.kernels import kernel
     from measure.tvm_import import import_meta_schedule
 
-    spec = resolve_target("cuda")
+    spec = resolve_target(target_name)
     mod = kernel(kernel_name)
     started = time.monotonic()
     ms = import_meta_schedule()
@@ -59,7 +60,7 @@ def arm(which: str, kernel_name: str, trials: int, work_dir: str) -> dict[str, A
             "engine": report}
 
 
-def remeasure(kernel_name: str, dbs: dict[str, str]) -> dict[str, float | None]:
+def remeasure(kernel_name: str, dbs: dict[str, str], target_name: str) -> dict[str, float | None]:
     """The arms' bests, rebuilt and timed in turns on the GPU."""
     import numpy as np
     import tvm
@@ -69,7 +70,8 @@ def remeasure(kernel_name: str, dbs: dict[str, str]) -> dict[str, float | None]:
     from measure.tvm_import import import_meta_schedule
 
     ms = import_meta_schedule()
-    target, dev = resolve_target("cuda").tvm_target(), tvm.cuda(0)
+    spec = resolve_target(target_name)
+    target, dev = spec.tvm_target(), spec.device()
     timers = {}
     for name, path in dbs.items():
         db = ms.database.JSONDatabase(work_dir=path)
@@ -91,25 +93,28 @@ def remeasure(kernel_name: str, dbs: dict[str, str]) -> dict[str, float | None]:
     return {n: float(np.median(s)) if s else None for n, s in samples.items()}
 
 
-def engine_checks(kernel_name: str, count: int) -> dict[str, Any]:
+def engine_checks(kernel_name: str, count: int, target_name: str) -> dict[str, Any]:
     """Calibration curve on the GPU and engine-vs-isolated fidelity on random candidates."""
     from scipy.stats import kendalltau
 
     from autotune.target import resolve_target
     from measure.calibration import calibrate, sample_candidates
+    from measure.dop import DopController
     from measure.factory import create
     from measure.kernels import kernel
     from measure.tvm_import import import_meta_schedule
 
     import_meta_schedule()
-    spec = resolve_target("cuda")
+    spec = resolve_target(target_name)
     target = spec.tvm_target()
     candidates = sample_candidates(kernel(kernel_name), target, count, 0, task=kernel_name)
-    engine = create("parallel", target_kind="cuda", threads=spec.num_cores)
+    engine = create("parallel", target_kind=spec.kind, threads=spec.num_cores)
     try:
-        curve = calibrate(engine, target, candidates[:24], list(range(len(engine.lanes) + 1)))
-        tuned = engine.measure(target, "cuda", candidates)
-        alone = engine.measure_isolated(target, "cuda", candidates)
+        max_level = engine.controller.max_level
+        curve = calibrate(engine, target, candidates[:24], list(range(max_level + 1)))
+        engine.controller = DopController.from_calibration(curve["curve"], max_level)
+        tuned = engine.measure(target, spec.device_type, candidates)
+        alone = engine.measure_isolated(target, spec.device_type, candidates)
         report = engine.report()
     finally:
         engine.close()
@@ -125,36 +130,82 @@ def engine_checks(kernel_name: str, count: int) -> dict[str, Any]:
     }
 
 
+def device_name(target_name: str) -> str:
+    from autotune.target import resolve_target
+
+    return resolve_target(target_name).device_name
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The side-by-side table of gpu.json."""
+    def ms(x: float | None) -> str:
+        return "-" if x is None else f"{x * 1e3:.4f}"
+
+    lines = [f"# GPU check ({results.get('device', '?')}, {results['date']}, {results['trials']} trials per arm)", "",
+             "| kernel | stock wall s | autotune wall s | stock/ours | stock best ms | ours best ms "
+             "| engine level | fidelity error | Kendall tau | best gap |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, k in results["kernels"].items():
+        st, ours, eng = k["arms"].get("stock", {}), k["arms"].get("autotune", {}), k.get("engine", {})
+        wall = [f"{a['wall_s']:.1f}" if "wall_s" in a else "failed" for a in (st, ours)]
+        ratio = f"{ours['wall_ratio_stock_over_ours']:.2f}x" if "wall_ratio_stock_over_ours" in ours else "-"
+        fid = ("failed", "-", "-", "-") if "failure" in eng or not eng else (
+            str(eng["level"]), f"{eng['median_abs_rel_error']:.1%}", f"{eng['kendall_tau']:.3f}", f"{eng['best_gap']:.1%}")
+        lines.append(f"| {name} | {wall[0]} | {wall[1]} | {ratio} | {ms(st.get('best_isolated_s'))} "
+                     f"| {ms(ours.get('best_isolated_s'))} | " + " | ".join(fid) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=64)
     parser.add_argument("--candidates", type=int, default=48)
+    parser.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS))
+    parser.add_argument("--target", default="cuda", help="cuda here; cpu only to dry-run the script")
     parser.add_argument("--work-root", type=Path, default=Path("results/bench/work/gpu"))
+    parser.add_argument("--table", action="store_true", help="only rewrite gpu.md from gpu.json")
     parser.add_argument("--arm", nargs=3, metavar=("ARM", "KERNEL", "WORK_DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.arm:
-        print(json.dumps(arm(args.arm[0], args.arm[1], args.trials, args.arm[2])))
+    if args.table:
+        OUT.with_suffix(".md").write_text(markdown(json.loads(OUT.read_text())))
         return
-    results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "trials": args.trials, "kernels": {}}
-    for name in KERNELS:
-        arms = {}
+    if args.arm:
+        print(json.dumps(arm(args.arm[0], args.arm[1], args.trials, args.arm[2], args.target)))
+        return
+    results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "target": args.target, "device": device_name(args.target),
+                               "trials": args.trials, "kernels": {}}
+
+    def save() -> None:
+        """After every phase: a run cut short by its time limit still leaves what it measured."""
+        OUT.parent.mkdir(parents=True, exist_ok=True)
+        OUT.write_text(json.dumps(results, indent=2))
+
+    for name in args.kernels:
+        arms: dict[str, Any] = {}
+        results["kernels"][name] = {"arms": arms}
         for which in ("stock", "autotune"):
             work = args.work_root / name / which
             subprocess.run(["rm", "-rf", str(work)], check=True)
             work.mkdir(parents=True)
-            out = subprocess.run([sys.executable, "-m", "bench.gpu", "--trials", str(args.trials), "--arm", which,
-                                  name, str(work)], capture_output=True, text=True)
+            out = subprocess.run([sys.executable, "-m", "bench.gpu", "--trials", str(args.trials), "--target",
+                                  args.target, "--arm", which, name, str(work)], capture_output=True, text=True)
             arms[which] = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {
-                "failure": (out.stderr.strip().splitlines() or ["exit %d" % out.returncode])[-1]}
+                "failure": "\n".join(out.stderr.strip().splitlines()[-15:]) or f"exit {out.returncode}"}
             print(f"[gpu {name}] {which}: {arms[which]}", file=sys.stderr, flush=True)
-        isolated = remeasure(name, {w: a["db"] for w, a in arms.items() if "db" in a})
+            save()
+        isolated = remeasure(name, {w: a["db"] for w, a in arms.items() if "db" in a}, args.target)
         for w, a in arms.items():
             a["best_isolated_s"] = isolated.get(w)
         if all(a.get("wall_s") for a in arms.values()):
             arms["autotune"]["wall_ratio_stock_over_ours"] = arms["stock"]["wall_s"] / arms["autotune"]["wall_s"]
-        results["kernels"][name] = {"arms": arms, "engine": engine_checks(name, args.candidates)}
-        OUT.parent.mkdir(parents=True, exist_ok=True)
-        OUT.write_text(json.dumps(results, indent=2))
+        save()
+        try:
+            results["kernels"][name]["engine"] = engine_checks(name, args.candidates, args.target)
+        except Exception:  # noqa: BLE001 - record it and go on to the next kernel
+            results["kernels"][name]["engine"] = {"failure": traceback.format_exc()}
+        print(f"[gpu {name}] engine: {results['kernels'][name]['engine']}", file=sys.stderr, flush=True)
+        save()
+    OUT.with_suffix(".md").write_text(markdown(results))
     print(OUT.read_text())
 
 

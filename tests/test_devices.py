@@ -77,22 +77,21 @@ def test_gpu_candidates_are_timed_on_device(tmp_path):
     assert all(m.slot == "cuda:0" for m in results if m.ok)
 
 
-def test_cuda_candidates_build_without_a_gpu(tmp_path):
-    """The CUDA build path (codegen, nvcc) works on any machine; only timing needs the GPU."""
+def test_the_cuda_target_carries_what_the_search_space_needs(tmp_path):
+    """Candidates for an H200 (sm_90) are generated and built here: only their timing needs the GPU."""
     import tvm
 
+    from autotune.target import cuda_target_config
     from measure.build import build_candidate
+    from measure.calibration import sample_candidates
+    from measure.kernels import kernel
     from measure.tvm_import import import_meta_schedule
 
     import_meta_schedule()
-    c = kernels.good(64)
-    sch = tvm.s_tir.Schedule(c.mod)
-    i, j = sch.get_loops(sch.get_sblock("B"))
-    sch.bind(i, "blockIdx.x")
-    sch.bind(j, "threadIdx.x")
-    target = tvm.target.Target({"kind": "cuda", "arch": "sm_80"}, host={"kind": "llvm"})
-    path = build_candidate(sch.mod, target, str(tmp_path))
-    assert os.path.getsize(path) > 0
+    target = tvm.target.Target(cuda_target_config("9.0", 1024, 49152, 32, 2))
+    candidates = sample_candidates(kernel("matmul512"), target, 2, 0, task="matmul512")
+    assert candidates
+    assert os.path.getsize(build_candidate(candidates[0].mod, target, str(tmp_path))) > 0
 
 
 def _free_port() -> int:
