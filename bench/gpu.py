@@ -147,12 +147,20 @@ def markdown(results: dict[str, Any]) -> str:
              "|---|---|---|---|---|---|---|---|---|---|"]
     for name, k in results["kernels"].items():
         st, ours, eng = k["arms"].get("stock", {}), k["arms"].get("autotune", {}), k.get("engine", {})
-        wall = [f"{a['wall_s']:.1f}" if "wall_s" in a else "failed" for a in (st, ours)]
+        wall = [f"{a['wall_s']:.1f}" if "wall_s" in a else "failed" if a else "not run" for a in (st, ours)]
         ratio = f"{ours['wall_ratio_stock_over_ours']:.2f}x" if "wall_ratio_stock_over_ours" in ours else "-"
-        fid = ("failed", "-", "-", "-") if "failure" in eng or not eng else (
+        fid = ("not run" if not eng else "failed", "-", "-", "-") if "failure" in eng or not eng else (
             str(eng["level"]), f"{eng['median_abs_rel_error']:.1%}", f"{eng['kendall_tau']:.3f}", f"{eng['best_gap']:.1%}")
         lines.append(f"| {name} | {wall[0]} | {wall[1]} | {ratio} | {ms(st.get('best_isolated_s'))} "
                      f"| {ms(ours.get('best_isolated_s'))} | " + " | ".join(fid) + " |")
+    for name, k in results["kernels"].items():
+        curve = k.get("engine", {}).get("calibration", {}).get("curve")
+        if curve:
+            lines += ["", f"Calibration on {name} (error against isolation, median over candidates):", "",
+                      "| level | error | p90 error | candidates/s |", "|---|---|---|---|"]
+            lines += [f"| {p['level']} | {p['error']:.2%} | {p['p90_error']:.2%} | {p['candidates_per_s']:.2f} |"
+                      for p in curve]
+    lines += [f"\n{results[key]}" for key in ("gpu_tests", "cut_short", "observed") if key in results]
     return "\n".join(lines) + "\n"
 
 
