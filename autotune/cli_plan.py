@@ -65,18 +65,23 @@ def plan_make(
     slo_ms: Annotated[Optional[float], typer.Option(help="p99 end-to-end SLO in ms (default: the file's slo_ms)")] = None,
     out: Annotated[Optional[Path], typer.Option(help="plan file (default runs/plans/<pipeline>.json)")] = None,
     seed: Annotated[int, typer.Option(help="seed of the scale-factor draws")] = 0,
+    plan_percentile: Annotated[Optional[float], typer.Option(
+        help="latency percentile held to the SLO over the sample trace; above the SLO's 99 is headroom for "
+             "traffic the sample did not show [default: the planner's PLAN_PERCENTILE, 99.9]")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the plans as JSON")] = False,
 ) -> None:
     """Plan a pipeline for a sample trace and an SLO at least cost, next to the CG-Mean and CG-Peak baselines."""
     from containers.errors import ContainerError
     from containers.planner.estimator import Estimator
     from containers.planner.pipeline import read_pipeline
-    from containers.planner.planner import plan_methods
+    from containers.planner.planner import PLAN_PERCENTILE, plan_methods
     from containers.planner.trace import read_trace
 
     try:
         pipeline = read_pipeline(pipeline_file)
-        plans = plan_methods(Estimator(pipeline, read_trace(trace), seed=seed), slo_ms)
+        percentile = PLAN_PERCENTILE if plan_percentile is None else plan_percentile
+        sample = Estimator(pipeline, read_trace(trace), seed=seed, slo_percentile=percentile)
+        plans = plan_methods(sample, slo_ms)
         plan = plans.pop("inferline")
         if isinstance(plan, ContainerError):
             raise plan

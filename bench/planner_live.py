@@ -62,14 +62,15 @@ def _planned(pipeline: Any, load: float, seed: int) -> tuple[float, float, Any] 
     """(rate, SLO, plan) for ``load`` x the slowest stage's batch-1 throughput; None when no plan meets the SLO."""
     from containers.errors import PlanError
     from containers.planner.estimator import Estimator
-    from containers.planner.planner import fastest, plan_pipeline, service_path
+    from containers.planner.planner import PLAN_PERCENTILE, fastest, plan_pipeline, service_path
     from containers.planner.trace import gamma_trace
 
     first = fastest(pipeline)
     rate = load * min(s.profile.throughput_per_s(first[s.name].hardware, 1) for s in pipeline.stages)
     slo = round(SLO_FACTOR * service_path(pipeline, first)[0], 1)
     try:
-        return rate, slo, plan_pipeline(Estimator(pipeline, gamma_trace(rate, 1.0, LIVE_PLAN_S, seed)), slo)
+        sample = Estimator(pipeline, gamma_trace(rate, 1.0, LIVE_PLAN_S, seed), slo_percentile=PLAN_PERCENTILE)
+        return rate, slo, plan_pipeline(sample, slo)
     except PlanError:
         return None
 

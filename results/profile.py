@@ -10,7 +10,8 @@ Format (``schema_version`` 1)::
         {
           "hardware": {"kind": "cpu", "device": "znver3", "threads": 2, "cores": [0, 1], "cpu_limit": null},
           "batch_size": 4,
-          "latency_ms": {"p50": 0.21, "p99": 0.35, "mean": 0.22, "min": 0.20},
+          "latency_ms": {"p50": 0.21, "p99": 0.35, "mean": 0.22, "min": 0.20,
+                         "quantiles": [0.20, ..., 0.41]},   # 0th..100th percentile; optional
           "throughput_per_s": 18867.9,        # items (not batches) per second, batch_size / mean latency
           "samples": 200,
           "torch_eager_latency_ms": {"p50": 0.30, "p99": 0.41, "mean": 0.31, "min": 0.29}   # or null
@@ -40,15 +41,26 @@ SCHEMA_VERSION = 1
 
 @dataclass(frozen=True)
 class LatencyStats:
+    """Summary of measured latencies; ``quantiles`` (the 0th to 100th percentiles) keep the
+    distribution's shape, which the planner's Estimator draws service times from: a CPU quota
+    makes it bimodal (runs that are throttled and runs that are not), which no mean shows."""
+
     p50: float
     p99: float
     mean: float
     min: float
+    quantiles: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.quantiles is not None:
+            object.__setattr__(self, "quantiles", tuple(float(q) for q in self.quantiles))
 
     @classmethod
     def from_seconds(cls, samples: Sequence[float]) -> LatencyStats:
         ms = np.asarray(samples, dtype=float) * 1e3
-        return cls(float(np.percentile(ms, 50)), float(np.percentile(ms, 99)), float(ms.mean()), float(ms.min()))
+        quantiles = tuple(round(float(q), 4) for q in np.percentile(ms, np.arange(101)))
+        return cls(float(np.percentile(ms, 50)), float(np.percentile(ms, 99)), float(ms.mean()), float(ms.min()),
+                   quantiles)
 
 
 @dataclass(frozen=True)

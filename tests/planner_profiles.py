@@ -21,8 +21,18 @@ CNN = {0.5: {1: 40.0, 2: 72.0, 4: 136.0, 8: 260.0}, 1: {1: 20.0, 2: 36.0, 4: 68.
 PRE = {0.5: {1: 4.0, 2: 6.0, 4: 10.0, 8: 18.0}, 1: {1: 2.0, 2: 3.0, 4: 5.0, 8: 9.0}}
 
 
-def write_profile(folder: Path, table: dict[float, dict[int, float]], gpu: str | None = None) -> Path:
-    """An artifact folder holding only a ``profile.json``: one entry per (container size or GPU, batch size)."""
+def bimodal(fast_ms: float, slow_ms: float, slow_share: float) -> tuple[float, ...]:
+    """The 0th..100th percentiles of service times that are ``slow_ms`` for ``slow_share`` of runs (a CPU quota's throttling)."""
+    fast = round(100 * (1 - slow_share))
+    return (fast_ms,) * fast + (slow_ms,) * (101 - fast)
+
+
+def write_profile(folder: Path, table: dict[float, dict[int, float | tuple[float, ...]]], gpu: str | None = None) -> Path:
+    """An artifact folder holding only a ``profile.json``: one entry per (container size or GPU, batch size).
+
+    A table value is a service time in ms (every run the same, as far as the Estimator knows) or
+    the 0th..100th percentiles of one (``bimodal``).
+    """
     folder.mkdir(parents=True, exist_ok=True)
     entries = []
     for cpus, rows in table.items():
@@ -30,7 +40,11 @@ def write_profile(folder: Path, table: dict[float, dict[int, float]], gpu: str |
             hw = ({"kind": "cuda", "device": gpu} if gpu else
                   {"kind": "cpu", "device": "znver4", "threads": math.ceil(cpus),
                    "cores": list(range(math.ceil(cpus))), "cpu_limit": cpus})
-            entries.append(ProfileEntry(hw, batch, LatencyStats(ms, ms * 1.3, ms, ms * 0.9), batch * 1e3 / ms, 100))
+            if isinstance(ms, tuple):
+                stats = LatencyStats(ms[50], ms[99], sum(ms) / len(ms), ms[0], ms)
+            else:
+                stats = LatencyStats(ms, ms * 1.3, ms, ms * 0.9)
+            entries.append(ProfileEntry(hw, batch, stats, batch * 1e3 / stats.mean, 100))
     Profile("zoo:test", "llvm", tuple(entries)).write(folder / "profile.json")
     return folder
 

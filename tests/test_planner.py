@@ -18,7 +18,7 @@ from containers.planner.estimator import Estimator
 from containers.planner.hardware import PriceTable, hardware_key
 from containers.planner.pipeline import read_pipeline
 from containers.planner.trace import envelope, gamma_trace, read_trace, spike_trace, write_trace
-from tests.planner_profiles import CHAIN, CNN, PRE, chain, one_stage, write_pipeline, write_profile  # noqa: F401
+from tests.planner_profiles import CHAIN, CNN, PRE, bimodal, chain, one_stage, write_pipeline, write_profile  # noqa: F401
 
 # -- hardware, prices, profiles ------------------------------------------------------------------------------------
 
@@ -140,6 +140,19 @@ def test_the_estimator_agrees_with_md1(tmp_path: Path) -> None:
     est = Estimator(pipeline, gamma_trace(50, 1.0, 400, seed=3)).estimate({"m": StageConfig("cpu-1", 1, 1)}, 100)
     assert est.mean_ms == pytest.approx(15.0, rel=0.08)
     assert est.visits_per_s > 50_000
+
+
+def test_service_times_are_drawn_from_the_profiled_distribution(tmp_path: Path) -> None:
+    """A CPU quota makes service times bimodal (throttled or not): the Estimator draws from the profiled
+    quantiles, so its tail is the measured one, not the mean's; without quantiles every batch takes the mean."""
+    pipeline = one_stage(tmp_path, {0.5: {1: bimodal(10.0, 30.0, 0.5)}})
+    sparse = np.arange(0, 2000, 1.0)  # no queueing: each latency is one service time
+    lat = Estimator(pipeline, sparse, seed=2).estimate(
+        {"m": StageConfig("cpu-0.5", 1, 1)}, 100).latencies_ms
+    assert lat.mean() == pytest.approx(20.0, rel=0.05)
+    assert np.percentile(lat, 99) == pytest.approx(30.0, rel=0.03) and (lat < 15).mean() == pytest.approx(0.5, abs=0.05)
+    flat = Estimator(one_stage(tmp_path / "flat", {1: {1: 20.0}}), sparse).estimate({"m": StageConfig("cpu-1", 1, 1)}, 100)
+    assert np.allclose(flat.latencies_ms, 20.0)
 
 
 def test_scale_factors_send_a_share_of_queries_on(chain) -> None:

@@ -17,11 +17,12 @@ from containers.errors import PlanError
 from containers.planner.config import StageConfig, config_cost
 from containers.planner.deploy_plan import plan_specs
 from containers.planner.estimator import Estimator
+from containers.planner.pipeline import read_pipeline
 from containers.planner.plan import read_plan
 from containers.planner.planner import initialize, minimize_cost, plan_methods, plan_pipeline
 from containers.planner.trace import gamma_trace, spike_trace, write_trace
 from containers.planner.tuner import TunedStage, Tuner, simulate_with_tuner
-from tests.planner_profiles import CHAIN, CNN, PRE, chain, write_pipeline  # noqa: F401
+from tests.planner_profiles import CHAIN, CNN, PRE, bimodal, chain, write_pipeline  # noqa: F401
 
 # -- the Planner and the baselines ---------------------------------------------------------------------------------
 
@@ -59,6 +60,28 @@ def test_the_planner_beats_the_coarse_grained_baselines(chain, tmp_path: Path) -
     again = read_plan(tmp_path / "plan.json")
     assert again == inferline and json.loads((tmp_path / "plan.json").read_text())["schema_version"] == 1
     assert again.pipeline_file == str((tmp_path / "pipeline.toml").resolve())
+
+
+def test_the_black_box_is_sized_by_its_profiled_tail_not_its_mean(tmp_path: Path) -> None:
+    """Half-core replicas average 20 ms but a throttled half of runs take 30: a 25 ms SLO rules them out for CG."""
+    from containers.planner.baselines import coarse_grained, profile_black_box
+
+    body = 'name = "one"\n[[stages]]\nname = "m"\nartifact = "m"\n'
+    pipeline = read_pipeline(write_pipeline(tmp_path, body, {"m": {0.5: {1: bimodal(10.0, 30.0, 0.5)}, 1: {1: 12.0}}}))
+    est = Estimator(pipeline, gamma_trace(20, 1.0, 30))
+    assert profile_black_box(est, "cpu-0.5", 1, 25) == pytest.approx(30.0, rel=0.03)
+    assert coarse_grained(est, 25, 20)["m"].hardware == "cpu-1"
+    assert coarse_grained(est, 35, 20)["m"].hardware == "cpu-0.5"
+
+
+def test_a_stricter_planning_percentile_buys_headroom(chain) -> None:
+    trace = gamma_trace(150, 4.0, 60, seed=6)
+    p99, p999 = (plan_pipeline(Estimator(chain, trace, slo_percentile=q), 150) for q in (99, 99.9))
+    assert p999.cost_per_hour >= p99.cost_per_hour and p999.predicted.miss_rate <= p99.predicted.miss_rate
+    assert p999.predicted.miss_rate <= 0.001 < p99.predicted.miss_rate <= 0.01
+    assert p999.search["plan_percentile"] == 99.9
+    with pytest.raises(PlanError, match=r"SLO percentile must be in \[50, 100\); got 100"):
+        Estimator(chain, trace, slo_percentile=100)
 
 
 def test_bad_plan_files_are_refused(tmp_path: Path, chain) -> None:

@@ -55,7 +55,7 @@ def replica_windows(initial: int, changes: Sequence[tuple[float, int]], startup_
 
 
 def serve(ready: list[float], service_s: Sequence[float], batch: int, timeout_s: float,
-          windows: list[list[tuple[float, float]]]) -> list[float]:
+          windows: list[list[tuple[float, float]]], jitter: Sequence[float] | None = None) -> list[float]:
     """When each query finishes, for queries ready at the sorted times ``ready``.
 
     Args:
@@ -64,6 +64,8 @@ def serve(ready: list[float], service_s: Sequence[float], batch: int, timeout_s:
         batch: the most queries a replica takes at once.
         timeout_s: how long a free replica waits, from the oldest query's arrival, for a full batch.
         windows: per replica slot, its active ``[start, end)`` spans, sorted (``replica_windows``).
+        jitter: the b-th batch served takes ``service_s[k] * jitter[b]`` (at least one per query);
+            none: every batch takes its mean.
 
     The replica free soonest takes the queue's head. It starts at the later of when it is free
     and when the batch is due (``batch`` queries waiting, or the head waited ``timeout_s``), and
@@ -78,7 +80,8 @@ def serve(ready: list[float], service_s: Sequence[float], batch: int, timeout_s:
     heap = [(w[0][0], r) for r, w in enumerate(windows) if w]
     heapq.heapify(heap)
     slot = [0] * len(windows)
-    i = 0
+    scale = jitter if jitter is not None else [1.0] * n
+    i = b = 0
     while i < n:
         if not heap:
             raise PlanError(f"{n - i} queries wait from {ready[i]:.3f} s but no replica serves after that")
@@ -97,7 +100,8 @@ def serve(ready: list[float], service_s: Sequence[float], batch: int, timeout_s:
                 heapq.heappop(heap)
             continue
         j = bisect_right(ready, start, i, last + 1 if last < n else n)
-        end = start + service_s[j - i]
+        end = start + service_s[j - i] * scale[b]
+        b += 1
         if j == i + 1:
             finished[i] = end
         else:

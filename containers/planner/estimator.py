@@ -3,15 +3,17 @@
 A discrete-event simulation of InferLine's serving model (section 4.2): each stage has one
 centralized batched queue feeding its replicas; a free replica dispatches when ``batch``
 queries wait or the oldest has waited the batching timeout, and then takes what is queued,
-up to ``batch``; a batch of k takes the profiled service time of k. A query goes on to a
+up to ``batch``; a batch of k takes the profiled service time of k, drawn from the measured
+distribution where the profile kept its quantiles (a mean alone hides what a CPU quota does to
+the tail: throttled and unthrottled runs), else its mean. A query goes on to a
 child stage with that stage's scale factor, enters a join once every parent it visited is
 done, and is finished when every stage it visited is.
 
 The planner calls this hundreds of times, so it is built for speed: a DAG has no feedback,
 so stages are simulated one at a time in topological order, each as a k-server batched
 queue over its own sorted arrivals with a heap of replica free times (``batchqueue.serve``);
-the conditional-flow draws are made once per trace (same seed, same draws for every
-configuration, so two configurations are compared on the same queries); and a stage's
+the conditional-flow and service-time draws are made once per trace (same seed, same draws
+for every configuration, so two configurations are compared on the same queries); and a stage's
 result is cached by the configurations of the stages it depends on, so a search that
 changes one stage re-simulates only it and what is downstream.
 """
@@ -30,6 +32,7 @@ from containers.planner.pipeline import Pipeline
 from containers.planner.batchqueue import ReplicaChange, replica_windows, serve
 from containers.planner.trace import check_trace
 
+SHAPE_LEVELS = 256  # service-time quantile levels drawn from
 STARTUP_S = 5.0  # a new replica's start-up time: a container starting and loading its artifact
 
 
@@ -91,14 +94,17 @@ class Estimator:
     Args:
         pipeline: the stages, their profiles and scale factors.
         arrivals: sorted arrival times in seconds.
-        seed: seeds the scale-factor draws (which queries visit which stage).
+        seed: seeds the scale-factor draws (which queries visit which stage) and the service-time draws.
         startup_s: how long a replica added by a schedule takes before it serves.
         cache_bytes: memory for stage results kept for reuse between calls.
+        slo_percentile: the latency percentile that ``feasible`` holds to the SLO (99: a p99 SLO).
     """
 
     def __init__(self, pipeline: Pipeline, arrivals: np.ndarray, seed: int = 0, startup_s: float = STARTUP_S,
-                 cache_bytes: int = 64 << 20) -> None:
-        self.pipeline, self.seed, self.startup_s = pipeline, seed, startup_s
+                 cache_bytes: int = 64 << 20, slo_percentile: float = 99.0) -> None:
+        if not 50 <= slo_percentile < 100:
+            raise PlanError(f"the SLO percentile must be in [50, 100); got {slo_percentile!r}")
+        self.pipeline, self.seed, self.startup_s, self.slo_percentile = pipeline, seed, startup_s, slo_percentile
         self.arrivals = check_trace(arrivals)
         self.cache_size = max(8, cache_bytes // (8 * self.arrivals.size))
         rng = np.random.default_rng(seed)
@@ -109,11 +115,14 @@ class Estimator:
                        else np.ones(self.arrivals.size, dtype=bool))
             self.visits_[stage.name] = reached & (u < stage.scale_factor)
         self._index = {name: np.flatnonzero(v) for name, v in self.visits_.items()}
+        self._levels = {name: rng.integers(0, SHAPE_LEVELS, max(1, idx.size)) for name, idx in self._index.items()}
+        self._jitter: dict[tuple[str, str, int], list[float] | None] = {}
         self._ancestors = self._closure()
         served = int(np.logical_or.reduce(list(self.visits_.values())).sum())
         if served == 0:
             raise PlanError(f"no query of the {self.arrivals.size}-query trace visits any stage of {pipeline.name}")
-        self._misses_allowed = served - int(np.floor(0.99 * (served - 1)))  # this many misses put the p99 above the SLO
+        # this many misses put the SLO percentile above the SLO
+        self._misses_allowed = served - int(np.floor(self.slo_percentile / 100 * (served - 1)))
         self._cache: dict[tuple[object, ...], np.ndarray] = {}
         self.calls_ = 0
 
@@ -136,9 +145,10 @@ class Estimator:
         return Estimate((finish - self.arrivals) * 1e3, slo_ms, visits, seconds)  # type: ignore[operator]
 
     def feasible(self, config: Config, slo_ms: float) -> bool:
-        """Whether ``config``'s p99 meets ``slo_ms``; stops as soon as enough queries are known to miss it."""
+        """Whether ``config``'s SLO percentile meets ``slo_ms``; stops as soon as enough queries are known to miss it."""
         finish, _, _ = self._run(config, (), slo_ms)
-        return finish is not None and float(np.percentile((finish - self.arrivals)[~np.isnan(finish)], 99)) <= slo_ms
+        return finish is not None and float(np.percentile((finish - self.arrivals)[~np.isnan(finish)] * 1e3,
+                                                          self.slo_percentile)) <= slo_ms
 
     def _run(self, config: Config, schedule: Sequence[ReplicaChange], stop_ms: float | None
              ) -> tuple[np.ndarray | None, int, float]:
@@ -177,12 +187,21 @@ class Estimator:
         service_s = [0.0] + [stage.profile.service_ms(cfg.hardware, k) / 1e3 for k in range(1, cfg.batch_size + 1)]
         windows = replica_windows(cfg.replicas, [(c.at_s, c.replicas) for c in changes], self.startup_s)
         try:
-            finished = serve(ready[order].tolist(), service_s, cfg.batch_size, cfg.batch_timeout_ms / 1e3, windows)
+            finished = serve(ready[order].tolist(), service_s, cfg.batch_size, cfg.batch_timeout_ms / 1e3, windows,
+                             self._service_jitter(name, cfg.hardware, cfg.batch_size))
         except PlanError as err:
             raise PlanError(f"stage {name}: {err}") from None
         out = np.full(self.arrivals.size, np.nan)
         out[idx[order]] = finished
         return out
+
+    def _service_jitter(self, name: str, hardware: str, batch: int) -> list[float] | None:
+        """Per batch served, its service time over the mean, drawn from the shape profiled for this batch size."""
+        key = (name, hardware, batch)
+        if key not in self._jitter:
+            point = self.pipeline.stage(name).profile.point(hardware, batch)
+            self._jitter[key] = point.shape(SHAPE_LEVELS)[self._levels[name]].tolist() if point.quantiles_ms else None
+        return self._jitter[key]
 
     def _closure(self) -> dict[str, tuple[str, ...]]:
         """Each stage with the stages it depends on (itself and its ancestors), in topological order."""

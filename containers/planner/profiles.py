@@ -12,6 +12,8 @@ import bisect
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+import numpy as np
+
 from containers.errors import PlanError
 from containers.planner.hardware import hardware_key
 from results.profile import Profile
@@ -24,6 +26,15 @@ class ServicePoint:
     batch_size: int
     mean_ms: float
     p99_ms: float
+    quantiles_ms: tuple[float, ...] | None = None  # 0th..100th percentile, when the profile kept them
+
+    def shape(self, levels: int) -> np.ndarray:
+        """Service time over its mean at ``levels`` evenly spaced quantiles (mean 1); all ones without quantiles."""
+        if not self.quantiles_ms:
+            return np.ones(levels)
+        q = np.asarray(self.quantiles_ms)
+        table = np.interp((np.arange(levels) + 0.5) / levels, np.linspace(0, 1, q.size), q)
+        return table / table.mean()
 
 
 @dataclass(frozen=True)
@@ -59,7 +70,7 @@ class StageProfile:
             except ValueError as err:
                 raise PlanError(f"stage {stage}: profile entry {e.hardware}: {err}") from None
             rank = (e.hardware.get("cpu_limit") is None, e.latency_ms.mean)
-            point = ServicePoint(e.batch_size, e.latency_ms.mean, e.latency_ms.p99)
+            point = ServicePoint(e.batch_size, e.latency_ms.mean, e.latency_ms.p99, e.latency_ms.quantiles)
             if (key, e.batch_size) not in best or rank < best[key, e.batch_size][0]:
                 best[key, e.batch_size] = (rank, point)
         grouped: dict[str, list[ServicePoint]] = {}
