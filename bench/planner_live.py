@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import platform
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ LIVE_LOADS = (0.6, 0.5, 0.4, 0.3, 0.2)  # x the slowest stage's batch-1 throughp
 LIVE_STEPS = (2.0, 1.5, 1.25)  # rate factors for the step run, tried until the simulated Tuner's replicas fit
 LIVE_PLAN_S, LIVE_RUN_S, LIVE_STEP_AT_S, LIVE_STEP_RUN_S = 60.0, 60.0, 25.0, 75.0
 LIVE_TARGET_P99_ERROR = 0.10
+LIVE_STEADY_REPEATS = 3  # one live run's p99 moved by 25% between two runs of the same plan and trace
 
 
 def write_live_pipeline(folder: Path, max_cores: float) -> Path:
@@ -158,9 +160,18 @@ def run_live(out_dir: Path, seed: int = 7) -> dict[str, Any]:
         backend = DockerBackend(client)
         try:
             say("steady")(f"{steady['rate_per_s']} q/s, SLO {steady['slo_ms']} ms, plan {live['steady']['plan']}")
-            record = apply_plan(steady["plan"], pipeline, steady["trace"], runs / "live-steady", backend=backend,
-                                on_event=say("steady"))
-            live["steady"].update(live_summary(record, runs / "live-steady"))
+            repeats = []  # the same plan and trace served again: how much the measurement itself moves
+            for _ in range(LIVE_STEADY_REPEATS):
+                record = apply_plan(steady["plan"], pipeline, steady["trace"], runs / "live-steady", backend=backend,
+                                    on_event=say("steady"))
+                repeats.append(live_summary(record, runs / "live-steady"))
+            errors = sorted(r["p99_error"] for r in repeats if r.get("p99_error") is not None)
+            median = statistics.median(errors) if errors else None
+            live["steady"].update(repeats[-1])
+            live["steady"].update({
+                "repeats": [{"measured_p99_ms": r["measured"]["p99_ms"], "p99_error": r.get("p99_error")} for r in repeats],
+                "median_p99_error": median,
+                "met_p99_error": median is not None and abs(median) <= LIVE_TARGET_P99_ERROR})
             if step is None:
                 live["step"] = {"skipped": f"no load and step in {LIVE_LOADS} x {LIVE_STEPS} keep the plan and the "
                                            f"simulated Tuner's replicas within {cores:g} cores"}
@@ -205,7 +216,11 @@ def live_markdown(live: dict[str, Any]) -> str:
         lines.append(f"| {name} | {run['rate_per_s']} | {run['slo_ms']:g} | {plan(run)} | {m['queries']} | "
                      f"{m['failed']} | {m['p50_ms']} / {m['p99_ms']} | {run[which]['p99_ms']} "
                      f"({which.replace('_', ' ')}) | {run.get('p99_error', 0):+.1%} | {m['miss_rate']:.2%} |")
-    lines += ["", f"Steady run: predicted p99 within {LIVE_TARGET_P99_ERROR:.0%} of measured: {steady['met_p99_error']}."]
+    reps = steady.get("repeats", [])
+    each = ", ".join(f"{r['measured_p99_ms']} ms ({r['p99_error']:+.1%})" for r in reps)
+    lines += ["", f"Steady run, served {len(reps) or 1} times (the row: the last): measured p99 {each}; median error "
+              f"{steady.get('median_p99_error', steady.get('p99_error', 0)):+.1%}; within {LIVE_TARGET_P99_ERROR:.0%}: "
+              f"{steady['met_p99_error']}."]
     if "skipped" not in step:
         asked = [f"{c['t_s']:.1f} s {c['stage']} -> {c['replicas']}" for c in step["replica_changes"]
                  if c["event"] == "asked"]

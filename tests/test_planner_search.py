@@ -69,7 +69,7 @@ def test_the_black_box_is_sized_by_its_profiled_tail_not_its_mean(tmp_path: Path
     body = 'name = "one"\n[[stages]]\nname = "m"\nartifact = "m"\n'
     pipeline = read_pipeline(write_pipeline(tmp_path, body, {"m": {0.5: {1: bimodal(10.0, 30.0, 0.5)}, 1: {1: 12.0}}}))
     est = Estimator(pipeline, gamma_trace(20, 1.0, 30))
-    assert profile_black_box(est, "cpu-0.5", 1, 25) == pytest.approx(30.0, rel=0.03)
+    assert profile_black_box(est, "cpu-0.5", 1) == pytest.approx(30.0, rel=0.03)
     assert coarse_grained(est, 25, 20)["m"].hardware == "cpu-1"
     assert coarse_grained(est, 35, 20)["m"].hardware == "cpu-0.5"
 

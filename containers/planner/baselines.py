@@ -16,7 +16,7 @@ import numpy as np
 
 from containers.errors import PlanError
 from containers.planner.config import StageConfig
-from containers.planner.estimator import Estimator
+from containers.planner.estimator import SHAPE_LEVELS, Estimator
 
 
 def coarse_grained(estimator: Estimator, slo_ms: float, rate_per_s: float) -> dict[str, StageConfig]:
@@ -39,7 +39,7 @@ def coarse_grained(estimator: Estimator, slo_ms: float, rate_per_s: float) -> di
         return pipeline.longest_path({s.name: s.profile.service_ms(hardware, batch) for s in pipeline.stages})[0]
 
     def black_box_p99_ms(hardware: str, batch: int) -> float:
-        return profile_black_box(estimator, hardware, batch, slo_ms)
+        return profile_black_box(estimator, hardware, batch)
 
     fits = [h for h in common if black_box_p99_ms(h, 1) <= slo_ms]
     if not fits:
@@ -54,17 +54,24 @@ def coarse_grained(estimator: Estimator, slo_ms: float, rate_per_s: float) -> di
     return {s.name: StageConfig(hardware, batch, replicas, s.batch_timeout_ms) for s in pipeline.stages}
 
 
-BLACK_BOX_BATCHES = 500  # batches sent one at a time when profiling the black box
+BLACK_BOX_DRAWS = 4000  # batches sampled when profiling the black box
 
 
-def profile_black_box(estimator: Estimator, hardware: str, batch: int, slo_ms: float) -> float:
-    """The pipeline's end-to-end p99 (ms) with one batch of ``batch`` in flight at a time, every stage on ``hardware``.
-
-    What profiling the pipeline as one black box measures: the Estimator over a trace of
-    ``batch`` simultaneous queries per group, groups far enough apart that none queues.
+def profile_black_box(estimator: Estimator, hardware: str, batch: int) -> float:
+    """The pipeline's end-to-end p99 (ms) at ``batch`` with every stage on ``hardware``, as a closed-loop
+    profile of the whole black box would measure it: each stage's service time drawn from its profiled
+    (closed-loop) percentiles, a conditional stage visited at its scale factor, times summed along each
+    draw's slowest visited path.
     """
-    pipeline = estimator.pipeline
-    mean_ms = sum(s.profile.service_ms(hardware, batch) for s in pipeline.stages)
-    arrivals = np.repeat(np.arange(BLACK_BOX_BATCHES) * (10 * mean_ms / 1e3), batch)
-    config = {s.name: StageConfig(hardware, batch, 1, s.batch_timeout_ms) for s in pipeline.stages}
-    return Estimator(pipeline, arrivals, seed=estimator.seed).estimate(config, slo_ms).p99_ms
+    rng = np.random.default_rng(estimator.seed)
+    end: dict[str, np.ndarray] = {}
+    visited: dict[str, np.ndarray] = {}
+    for stage in estimator.pipeline.stages:
+        point = stage.profile.point(hardware, batch)
+        times = point.mean_ms * point.shape(SHAPE_LEVELS)[rng.integers(0, SHAPE_LEVELS, BLACK_BOX_DRAWS)]
+        reached = (np.logical_or.reduce([visited[p] for p in stage.parents]) if stage.parents
+                   else np.ones(BLACK_BOX_DRAWS, dtype=bool))
+        visited[stage.name] = reached & (rng.random(BLACK_BOX_DRAWS) < stage.scale_factor)
+        before = np.maximum.reduce([end[p] for p in stage.parents]) if stage.parents else 0.0
+        end[stage.name] = before + np.where(visited[stage.name], times, 0.0)
+    return float(np.percentile(np.maximum.reduce(list(end.values())), 99))
