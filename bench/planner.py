@@ -17,6 +17,10 @@ batch-1 service time. Writes results/bench/planner.{json,md}, merging: keys othe
 ``simulated`` (the lead's ``live`` section) are kept.
 
 ``--live`` runs the live part on Docker instead (``bench.planner_live``).
+
+From a clean checkout: ``python -m bench.qoe`` (tunes the two artifacts), then
+``python -m bench.planner --profile-containers`` (measures them in containers of 0.5, 1 and
+2 cores on Docker, through ``autotune profile``, before planning), then ``--live``.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import argparse
 import json
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -45,6 +50,25 @@ METHODS = ("cg-mean", "cg-peak", "inferline")
 # stage i: (parents, scale factor); the 5-stage DAG branches after s0 (s2 sees half the queries) and joins at s3
 LAYOUTS = {1: [((), 1.0)], 3: [((), 1.0), (("s0",), 1.0), (("s1",), 1.0)],
            5: [((), 1.0), (("s0",), 1.0), (("s0",), 0.5), (("s1", "s2"), 1.0), (("s3",), 0.7)]}
+
+
+# request batch sizes to profile in containers, per default artifact (mlp is compiled for 64 items)
+CONTAINER_BATCHES = {"mlp": "16,32,64,128", "bert_ffn": "1,2,4,8"}
+
+
+def profile_containers(artifacts: list[Path]) -> None:
+    """Measure the default artifacts in containers of 0.5, 1 and 2 cores (``autotune profile``, Docker)."""
+    from containers.backends.engine import ensure_engine
+
+    unknown = [str(a) for a in artifacts if a.parent.name not in CONTAINER_BATCHES]
+    if unknown:
+        sys.exit(f"--profile-containers knows the batch sizes of {', '.join(CONTAINER_BATCHES)} only; "
+                 f"profile {', '.join(unknown)} with autotune profile")
+    autotune = Path(sys.executable).with_name("autotune")
+    with ensure_engine(WORK / "dockerd.log"):
+        for art in artifacts:
+            subprocess.run([str(autotune), "profile", str(art), "--configs", "0.5,1,2", "--batch-sizes",
+                            CONTAINER_BATCHES[art.parent.name], "--backend", "docker"], check=True)
 
 
 def find_artifacts(root: Path) -> list[Path]:
@@ -195,6 +219,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smoke run: the 3-stage pipeline, one load, short traces")
     parser.add_argument("--out", type=Path, default=OUT_DIR, help="where planner.json and planner.md go")
     parser.add_argument("--live", action="store_true", help="the live part on Docker (bench.planner_live) instead")
+    parser.add_argument("--profile-containers", action="store_true",
+                        help="first measure the default artifacts in containers (Docker), as the committed run did")
     args = parser.parse_args()
     if args.live:
         from bench.planner_live import run_live
@@ -208,6 +234,8 @@ def main() -> None:
     if not artifacts:
         sys.exit(f"no artifact with a profile.json under {root}; tune some (python -m bench.qoe) or give --profiles")
     note = "" if args.profiles else f"no --profiles given: the artifacts bench.qoe tuned under {QOE_ARTIFACTS}"
+    if args.profile_containers:
+        profile_containers(artifacts)
     print(f"[planner] profiles: {', '.join(str(a) for a in artifacts)}" + (f" ({note})" if note else ""), flush=True)
     WORK.mkdir(parents=True, exist_ok=True)
     plan_s, live_s = (20.0, 30.0) if args.quick else (PLAN_S, LIVE_S)
