@@ -17,5 +17,8 @@ if [ -z "${PYTHON:-}" ] && [ ! -x .venv/bin/python ]; then
     .venv/bin/pip install -q -e '.[test]'
 fi
 # A failing GPU test is reported; the benchmark still runs, so one run shows both.
-"$PY" -m pytest -q -rs tests/test_devices.py -k "gpu or cuda" || echo "gpu_check: GPU tests FAILED (above)" >&2
+# SKIP_GPU_TESTS=1 leaves them out (about 2 minutes) when device time is short and they passed before.
+if [ -z "${SKIP_GPU_TESTS:-}" ]; then
+    "$PY" -m pytest -q -rs tests/test_devices.py -k "gpu or cuda" || echo "gpu_check: GPU tests FAILED (above)" >&2
+fi
 exec "$PY" -m bench.gpu "$@"
