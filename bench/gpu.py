@@ -130,12 +130,6 @@ def engine_checks(kernel_name: str, count: int, target_name: str) -> dict[str, A
     }
 
 
-def device_name(target_name: str) -> str:
-    from autotune.target import resolve_target
-
-    return resolve_target(target_name).device_name
-
-
 def markdown(results: dict[str, Any]) -> str:
     """The side-by-side table of gpu.json."""
     def ms(x: float | None) -> str:
@@ -149,8 +143,11 @@ def markdown(results: dict[str, Any]) -> str:
         st, ours, eng = k["arms"].get("stock", {}), k["arms"].get("autotune", {}), k.get("engine", {})
         wall = [f"{a['wall_s']:.1f}" if "wall_s" in a else "failed" if a else "not run" for a in (st, ours)]
         ratio = f"{ours['wall_ratio_stock_over_ours']:.2f}x" if "wall_ratio_stock_over_ours" in ours else "-"
-        fid = ("not run" if not eng else "failed", "-", "-", "-") if "failure" in eng or not eng else (
-            str(eng["level"]), f"{eng['median_abs_rel_error']:.1%}", f"{eng['kendall_tau']:.3f}", f"{eng['best_gap']:.1%}")
+        if "level" in eng:
+            fid = (str(eng["level"]), f"{eng['median_abs_rel_error']:.1%}", f"{eng['kendall_tau']:.3f}",
+                   f"{eng['best_gap']:.1%}")
+        else:
+            fid = ("failed" if eng else "not run", "-", "-", "-")
         lines.append(f"| {name} | {wall[0]} | {wall[1]} | {ratio} | {ms(st.get('best_isolated_s'))} "
                      f"| {ms(ours.get('best_isolated_s'))} | " + " | ".join(fid) + " |")
     for name, k in results["kernels"].items():
@@ -180,8 +177,10 @@ def main() -> None:
     if args.arm:
         print(json.dumps(arm(args.arm[0], args.arm[1], args.trials, args.arm[2], args.target)))
         return
-    results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "target": args.target, "device": device_name(args.target),
-                               "trials": args.trials, "kernels": {}}
+    from autotune.target import resolve_target
+
+    results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "target": args.target,
+                               "device": resolve_target(args.target).device_name, "trials": args.trials, "kernels": {}}
 
     def save() -> None:
         """After every phase: a run cut short by its time limit still leaves what it measured."""

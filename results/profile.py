@@ -58,9 +58,8 @@ class LatencyStats:
     @classmethod
     def from_seconds(cls, samples: Sequence[float]) -> LatencyStats:
         ms = np.asarray(samples, dtype=float) * 1e3
-        quantiles = tuple(round(float(q), 4) for q in np.percentile(ms, np.arange(101)))
-        return cls(float(np.percentile(ms, 50)), float(np.percentile(ms, 99)), float(ms.mean()), float(ms.min()),
-                   quantiles)
+        q = np.percentile(ms, np.arange(101))
+        return cls(float(q[50]), float(q[99]), float(ms.mean()), float(ms.min()), tuple(round(float(v), 4) for v in q))
 
 
 @dataclass(frozen=True)

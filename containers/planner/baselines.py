@@ -38,17 +38,14 @@ def coarse_grained(estimator: Estimator, slo_ms: float, rate_per_s: float) -> di
     def black_box_ms(hardware: str, batch: int) -> float:
         return pipeline.longest_path({s.name: s.profile.service_ms(hardware, batch) for s in pipeline.stages})[0]
 
-    def black_box_p99_ms(hardware: str, batch: int) -> float:
-        return profile_black_box(estimator, hardware, batch)
-
-    fits = [h for h in common if black_box_p99_ms(h, 1) <= slo_ms]
+    fits = [h for h in common if profile_black_box(estimator, h, 1) <= slo_ms]
     if not fits:
         raise PlanError(f"pipeline {pipeline.name}: on no single hardware ({', '.join(sorted(common))}) does the "
-                        f"service time at batch 1 meet the SLO of {slo_ms:g} ms")
+                        f"p99 service time at batch 1 meet the SLO of {slo_ms:g} ms")
     hardware = min(fits, key=lambda h: (sum(s.prices[h] for s in pipeline.stages), black_box_ms(h, 1)))
     largest = min(max(s.profile.batch_sizes(hardware)) for s in pipeline.stages)
     sizes = sorted({b for s in pipeline.stages for b in s.profile.batch_sizes(hardware) if b <= largest})
-    batch = max(b for b in sizes if black_box_p99_ms(hardware, b) <= slo_ms)  # the smallest fits, as batch 1 does
+    batch = max(b for b in sizes if profile_black_box(estimator, hardware, b) <= slo_ms)  # batch 1 fits
     throughput = batch * 1e3 / black_box_ms(hardware, batch)
     replicas = max(1, math.ceil(rate_per_s / throughput))
     return {s.name: StageConfig(hardware, batch, replicas, s.batch_timeout_ms) for s in pipeline.stages}

@@ -27,7 +27,7 @@ from containers.backends.base import ContainerBackend
 from containers.errors import ScenarioError
 from containers.planner.batchqueue import ReplicaChange
 from containers.planner.deploy_plan import plan_specs
-from containers.planner.estimator import Estimator
+from containers.planner.estimator import Estimate, Estimator
 from containers.planner.frontend import Frontend, LiveQueries, stage_inputs
 from containers.planner.pipeline import Pipeline
 from containers.planner.plan import Plan
@@ -148,8 +148,7 @@ def live_record(plan: Plan, estimator: Estimator, queries: LiveQueries, events: 
     ``compared_with`` (the live schedule's when the Tuner ran).
     """
     measured = queries.summary(plan.slo_ms)
-    keys = ("p50_ms", "p99_ms", "mean_ms", "miss_rate")
-    predicted = {k: round(v, 5) for k, v in estimator.estimate(plan.stages, plan.slo_ms).summary().items() if k in keys}
+    predicted = _latencies(estimator.estimate(plan.stages, plan.slo_ms))
     record: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION, "pipeline": plan.pipeline, "method": plan.method, "slo_ms": plan.slo_ms,
         "backend": backend, "tuner": tuner, "seed": estimator.seed, "wall_s": round(wall_s, 2),
@@ -162,11 +161,9 @@ def live_record(plan: Plan, estimator: Estimator, queries: LiveQueries, events: 
     if tuner:
         run = simulate_with_tuner(estimator.pipeline, plan, estimator.arrivals, seed=estimator.seed,
                                   startup_s=estimator.startup_s)
-        record["predicted_with_tuner"] = {**{k: round(v, 5) for k, v in run.estimate.summary().items() if k in keys},
-                                          "replica_changes": len(run.schedule)}
+        record["predicted_with_tuner"] = {**_latencies(run.estimate), "replica_changes": len(run.schedule)}
         schedule = [ReplicaChange(e.t_s, e.stage, e.replicas) for e in events if e.event == "asked"]
-        replay = estimator.estimate(plan.stages, plan.slo_ms, schedule).summary()
-        record["predicted_live_schedule"] = {k: round(v, 5) for k, v in replay.items() if k in keys}
+        record["predicted_live_schedule"] = _latencies(estimator.estimate(plan.stages, plan.slo_ms, schedule))
         record["compared_with"] = "predicted_live_schedule"
     if measured["p99_ms"] is not None:
         record["p99_error"] = round(measured["p99_ms"] / record[record["compared_with"]]["p99_ms"] - 1, 4)
@@ -177,6 +174,11 @@ def live_record(plan: Plan, estimator: Estimator, queries: LiveQueries, events: 
                          "latency_ms": [None if np.isnan(v) else round(v, 3) for v in queries.latency_ms.tolist()],
                          "failed": queries.failed.tolist()}
     return record
+
+
+def _latencies(estimate: Estimate) -> dict[str, float]:
+    """What a prediction is compared on: p50, p99, mean and miss rate."""
+    return {k: round(v, 5) for k, v in estimate.summary().items() if k in ("p50_ms", "p99_ms", "mean_ms", "miss_rate")}
 
 
 def _batch_summary(queries: LiveQueries, stages: list[str]) -> dict[str, dict[str, float | int]]:
