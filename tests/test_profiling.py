@@ -52,15 +52,15 @@ def test_rewritten_profile_is_vouched_for_by_the_manifest(tuned_run, tmp_path: P
 @pytest.mark.docker
 def test_profile_command_measures_in_docker_containers(tuned_run, docker_engine, tmp_path: Path) -> None:
     path = _copy(tuned_run.artifact, tmp_path)
-    result = CliRunner().invoke(app, ["profile", str(path), "--configs", "0.5,1", "--batch-sizes", "1,4",
+    result = CliRunner().invoke(app, ["profile", str(path), "--configs", "0.5,1", "--batch-sizes", "1,64",
                                       "--seconds", "1.5", "--backend", "docker", "--json"])
     assert result.exit_code == 0, result.output
     entries = [e for e in open_artifact(path).profile["entries"] if e["hardware"].get("container") == "docker"]
-    assert sorted((e["hardware"]["cpu_limit"], e["batch_size"]) for e in entries) == [(0.5, 1), (0.5, 4), (1.0, 1), (1.0, 4)]
+    assert sorted((e["hardware"]["cpu_limit"], e["batch_size"]) for e in entries) == [(0.5, 1), (0.5, 64), (1.0, 1), (1.0, 64)]
     by = {(e["hardware"]["cpu_limit"], e["batch_size"]): e for e in entries}
     assert all(e["samples"] > 5 and e["latency_ms"]["p99"] >= e["latency_ms"]["p50"] > 0 for e in entries)
     # a half-core quota stretches the service time of the heavier batch
-    assert by[(0.5, 4)]["latency_ms"]["mean"] > by[(1.0, 4)]["latency_ms"]["mean"]
+    assert by[(0.5, 64)]["latency_ms"]["mean"] > by[(1.0, 64)]["latency_ms"]["mean"]
 
 
 def test_profile_command_refuses_bad_sizes_and_leaves_the_artifact_alone(tuned_run, tmp_path: Path) -> None:
