@@ -4,11 +4,13 @@
 
 A two-stage pipeline (mlp -> bert_ffn, the artifacts bench.qoe tuned, on their
 container-measured profile entries of at most one core where there are any) is planned for
-a Poisson trace sized so that its replicas fit this machine's cores, then served
-(``containers.planner.live.apply_plan``): measured p99 against the Estimator's for the same
-trace and routing draws (target: within 10%). A second run steps the rate up mid-trace with
-the Tuner on; its replicas are the half-core ones, and the load and step are sized so that
-the replicas the simulated Tuner would add still fit. It reports the replica changes and
+a Poisson trace sized so that its replicas fit this machine's cores less the client's, then
+served (``containers.planner.live.apply_plan``): measured p99 against the Estimator's for the
+same trace and routing draws (target: within 10%). The load generator and front end are
+pinned to a core of their own, as InferLine's ran on their own machines: replicas that share
+cores with the client measure the client, not the plan. A second run steps the rate up
+mid-trace with the Tuner on; its replicas are the half-core ones, on every core, and the load
+and step are sized so that the replicas the simulated Tuner would add still fit. It reports the replica changes and
 the p99 before and after. Writes the ``live`` key of
 results/bench/planner.json and its section of planner.md, keeping the ``simulated`` ones;
 each run's live.json and live.png go to results/bench/planner/.
@@ -23,14 +25,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from bench.planner import QOE_ARTIFACTS, SLO_FACTOR, WORK, merge_section
 
 LIVE_STAGES = ("mlp", "bert_ffn")  # stage i runs QOE_ARTIFACTS/<name>/artifact; bert_ffn follows mlp
 LIVE_MAX_CORES = 1.0  # per replica: container-measured entries above this are left out, so replicas fit 2 cores
 LIVE_STEP_MAX_CORES = 0.5  # the step run's replicas: small, so the Tuner's additions still fit
-LIVE_LOADS = (0.6, 0.5, 0.4, 0.3, 0.2)  # x the slowest stage's batch-1 throughput, tried until the plan fits
+LIVE_LOADS = (0.6, 0.5, 0.4, 0.3, 0.2, 0.15, 0.1)  # x the slowest stage's batch-1 throughput, tried until the plan fits
 LIVE_STEPS = (2.0, 1.5, 1.25)  # rate factors for the step run, tried until the simulated Tuner's replicas fit
-LIVE_PLAN_S, LIVE_RUN_S, LIVE_STEP_AT_S, LIVE_STEP_RUN_S = 60.0, 60.0, 25.0, 75.0
+LIVE_PLAN_S, LIVE_RUN_S, LIVE_STEP_AT_S, LIVE_STEP_RUN_S = 60.0, 150.0, 25.0, 75.0
+CLIENT_CORES = 1  # the load generator and front end run on the first core; the steady run's replicas on the others
 LIVE_TARGET_P99_ERROR = 0.10
 LIVE_STEADY_REPEATS = 3  # one live run's p99 moved by 25% between two runs of the same plan and trace
 
@@ -112,7 +117,6 @@ def size_step(pipeline: Any, cores: float, seed: int) -> dict[str, Any] | None:
 
 def p99_between(record: dict[str, Any], start_s: float, end_s: float = float("inf")) -> float | None:
     """p99 (ms) of the answered queries that arrived in ``[start_s, end_s)`` of a live run."""
-    import numpy as np
 
     q = record["queries"]
     lat = [v for t, v, bad in zip(q["arrival_s"], q["latency_ms"], q["failed"])
@@ -148,37 +152,45 @@ def run_live(out_dir: Path, seed: int = 7) -> dict[str, Any]:
     WORK.mkdir(parents=True, exist_ok=True)
     pipeline = read_pipeline(write_live_pipeline(WORK, LIVE_MAX_CORES))
     small = read_pipeline(write_live_pipeline(WORK, LIVE_STEP_MAX_CORES))
-    cores = float(os.cpu_count() or 1)
-    steady, step = size_steady(pipeline, cores, seed), size_step(small, cores, seed)
+    every = sorted(os.sched_getaffinity(0))
+    client, servers = (every[:CLIENT_CORES], every[CLIENT_CORES:]) if len(every) > CLIENT_CORES else (every, every)
+    cores = float(len(every))
+    steady, step = size_steady(pipeline, len(servers), seed), size_step(small, cores, seed)
     live: dict[str, Any] = {"pipeline": {s.name: str(s.artifact) for s in pipeline.stages},
                             "hardware": {s.name: list(s.hardware) for s in pipeline.stages},
                             "step_hardware": {s.name: list(s.hardware) for s in small.stages}, "cores": cores,
+                            "client_cores": client, "steady_replica_cores": servers,
                             "targets": {"p99_error": LIVE_TARGET_P99_ERROR}, "host": platform.node(),
                             "steady": _setting(steady)}
     runs = out_dir / "planner"
-    with ensure_engine(WORK / "dockerd.log") as client:
-        backend = DockerBackend(client)
+    with ensure_engine(WORK / "dockerd.log") as engine:
+        backend = DockerBackend(engine)
+        os.sched_setaffinity(0, client)
         try:
             say("steady")(f"{steady['rate_per_s']} q/s, SLO {steady['slo_ms']} ms, plan {live['steady']['plan']}")
-            repeats = []  # the same plan and trace served again: how much the measurement itself moves
+            repeats, answered = [], []  # the same plan and trace served again: how much the measurement itself moves
             for _ in range(LIVE_STEADY_REPEATS):
                 record = apply_plan(steady["plan"], pipeline, steady["trace"], runs / "live-steady", backend=backend,
-                                    on_event=say("steady"))
+                                    cores=servers, on_event=say("steady"))
                 repeats.append(live_summary(record, runs / "live-steady"))
+                q = record["queries"]
+                answered += [v for v, bad in zip(q["latency_ms"], q["failed"]) if v is not None and not bad]
             errors = sorted(r["p99_error"] for r in repeats if r.get("p99_error") is not None)
-            median = statistics.median(errors) if errors else None
+            pooled = round(float(np.percentile(answered, 99)), 3) if answered else None
+            pooled_error = round(pooled / record["predicted"]["p99_ms"] - 1, 4) if pooled else None
             live["steady"].update(repeats[-1])
             live["steady"].update({
                 "repeats": [{"measured_p99_ms": r["measured"]["p99_ms"], "p99_error": r.get("p99_error")} for r in repeats],
-                "median_p99_error": median,
-                "met_p99_error": median is not None and abs(median) <= LIVE_TARGET_P99_ERROR})
+                "median_p99_error": statistics.median(errors) if errors else None,
+                "pooled_queries": len(answered), "pooled_p99_ms": pooled, "pooled_p99_error": pooled_error,
+                "met_p99_error": pooled_error is not None and abs(pooled_error) <= LIVE_TARGET_P99_ERROR})
             if step is None:
                 live["step"] = {"skipped": f"no load and step in {LIVE_LOADS} x {LIVE_STEPS} keep the plan and the "
                                            f"simulated Tuner's replicas within {cores:g} cores"}
             else:
                 say("step")(f"{step['rate_per_s']} q/s x{step['step_factor']:g} from {LIVE_STEP_AT_S:g} s, Tuner on")
                 record = apply_plan(step["plan"], small, step["trace"], runs / "live-step", backend=backend,
-                                    tuner=True, on_event=say("step"))
+                                    tuner=True, cores=every, on_event=say("step"))
                 serving = [c["t_s"] for c in record["replica_changes"] if c["event"] == "serving"]
                 live["step"] = {**_setting(step), **live_summary(record, runs / "live-step"),
                                 "step_at_s": LIVE_STEP_AT_S, "step_factor": step["step_factor"],
@@ -188,6 +200,7 @@ def run_live(out_dir: Path, seed: int = 7) -> dict[str, Any]:
                                 "scaled_at_s": round(max(serving), 2) if serving else None,
                                 "p99_after_scaled_ms": p99_between(record, max(serving)) if serving else None}
         finally:
+            os.sched_setaffinity(0, every)
             backend.close()
     write_live(live, out_dir)
     return live
@@ -203,7 +216,9 @@ def live_markdown(live: dict[str, Any]) -> str:
     plan = lambda run: ", ".join(f"{n}: {c['hardware']} x{c['replicas']} batch {c['batch_size']}"  # noqa: E731
                                  for n, c in run["plan"].items())
     lines = ["## Live (Docker)", "",
-             f"Pipeline {' -> '.join(live['pipeline'])} on {live['host']} ({live['cores']:g} cores); hardware allowed: "
+             f"Pipeline {' -> '.join(live['pipeline'])} on {live['host']} ({live['cores']:g} cores; load generator and "
+             f"front end on core {live['client_cores']}, steady replicas on {live['steady_replica_cores']}); "
+             "hardware allowed: "
              f"{live['hardware']} (step run: {live['step_hardware']}). Poisson arrivals; SLO = {SLO_FACTOR:g}x the "
              "batch-1 service path.", "",
              "| run | rate q/s | SLO ms | plan | queries | failed | measured p50 / p99 ms | predicted p99 ms (which) "
@@ -219,8 +234,10 @@ def live_markdown(live: dict[str, Any]) -> str:
     reps = steady.get("repeats", [])
     each = ", ".join(f"{r['measured_p99_ms']} ms ({r['p99_error']:+.1%})" for r in reps)
     lines += ["", f"Steady run, served {len(reps) or 1} times (the row: the last): measured p99 {each}; median error "
-              f"{steady.get('median_p99_error', steady.get('p99_error', 0)):+.1%}; within {LIVE_TARGET_P99_ERROR:.0%}: "
-              f"{steady['met_p99_error']}."]
+              f"{steady.get('median_p99_error', steady.get('p99_error', 0)):+.1%}. All {steady.get('pooled_queries')} "
+              f"answered queries of the repeats pooled (one run's p99 rests on its 5 slowest queries): p99 "
+              f"{steady.get('pooled_p99_ms')} ms, error {steady.get('pooled_p99_error', 0):+.1%}; within "
+              f"{LIVE_TARGET_P99_ERROR:.0%}: {steady['met_p99_error']}."]
     if "skipped" not in step:
         asked = [f"{c['t_s']:.1f} s {c['stage']} -> {c['replicas']}" for c in step["replica_changes"]
                  if c["event"] == "asked"]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from containers.errors import PlanError, ScenarioError
-from containers.planner.batchqueue import ReplicaChange, replica_windows, serve
+from containers.planner.batchqueue import CfsBandwidth, ReplicaChange, replica_windows, serve
 from containers.planner.config import StageConfig
 from containers.planner.estimator import Estimator
 from containers.planner.hardware import PriceTable, hardware_key
@@ -153,6 +153,36 @@ def test_service_times_are_drawn_from_the_profiled_distribution(tmp_path: Path) 
     assert np.percentile(lat, 99) == pytest.approx(30.0, rel=0.03) and (lat < 15).mean() == pytest.approx(0.5, abs=0.05)
     flat = Estimator(one_stage(tmp_path / "flat", {1: {1: 20.0}}), sparse).estimate({"m": StageConfig("cpu-1", 1, 1)}, 100)
     assert np.allclose(flat.latencies_ms, 20.0)
+
+
+def test_cfs_bandwidth_runs_a_share_of_each_period_then_waits() -> None:
+    cfs = CfsBandwidth(0.5, 0.100, 1)  # half a core: 50 ms of every 100 ms (replica 0's periods start at 0)
+    assert cfs.finish(0, 0.000, 0.030) == pytest.approx(0.030)
+    assert cfs.finish(0, 0.030, 0.030) == pytest.approx(0.110)  # 20 ms left in the period, 10 ms after the wait
+    assert cfs.finish(0, 0.110, 0.120) == pytest.approx(0.330)  # 40 ms now, 50 ms next period, 30 ms the one after
+    assert cfs.finish(0, 0.500, 0.030) == pytest.approx(0.530)  # a new period: the full share again
+    with pytest.raises(PlanError, match="share in"):
+        CfsBandwidth(1.0, 0.1, 1)
+
+
+def test_a_quota_throttles_by_load_from_the_unthrottled_twin(tmp_path: Path) -> None:
+    """Half a core for one thread: profiled closed loop, it is throttled (the bimodal 0.5 entry); the Estimator
+    runs the 1-core twin's 30 ms under a 50%-of-100 ms quota, so a sparse trace sees 30 ms and a saturating one
+    the profiled throttled mix. A quota'd key without a twin keeps its own profiled times."""
+    table = {0.5: {1: bimodal(30.0, 80.0, 0.65)}, 1: {1: 30.0}}
+    pipeline = one_stage(tmp_path, table)
+    assert pipeline.stage("m").profile.quota_share("cpu-0.5") == 0.5
+    cfg = {"m": StageConfig("cpu-0.5", 1, 1)}
+    sparse = Estimator(pipeline, np.arange(0, 300, 0.5)).estimate(cfg, 1000)
+    assert np.allclose(sparse.latencies_ms, 30.0)
+    closed = np.cumsum(np.full(2000, 0.0005))  # far more than one replica serves: every run back to back
+    service = np.diff(np.concatenate([[0.0], np.sort(Estimator(pipeline, closed).estimate(cfg, 1e9).latencies_ms
+                                                     / 1e3 + closed)]))
+    assert service.mean() * 1e3 == pytest.approx(60.0, rel=0.05)  # 30 ms of work per 50 ms of runtime per 100 ms
+    alone = one_stage(tmp_path / "alone", {0.5: table[0.5]})
+    assert alone.stage("m").profile.quota_share("cpu-0.5") is None
+    lat = Estimator(alone, np.arange(0, 300, 0.5)).estimate(cfg, 1000).latencies_ms
+    assert (lat > 50).mean() == pytest.approx(0.65, abs=0.06)
 
 
 def test_scale_factors_send_a_share_of_queries_on(chain) -> None:

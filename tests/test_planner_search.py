@@ -15,7 +15,7 @@ import pytest
 
 from containers.errors import PlanError
 from containers.planner.config import StageConfig, config_cost
-from containers.planner.deploy_plan import plan_specs
+from containers.planner.deploy_plan import CorePlacement, plan_specs
 from containers.planner.estimator import Estimator
 from containers.planner.pipeline import read_pipeline
 from containers.planner.plan import read_plan
@@ -104,6 +104,17 @@ def test_plan_specs_give_each_replica_a_container(chain) -> None:
     cnn = [s for s in specs if s.name.startswith("chain-cnn-")]
     cores = float(plan.stages["cnn"].hardware.removeprefix("cpu-"))
     assert cnn and all(s.cpus == cores and s.threads == max(1, math.ceil(cores)) for s in cnn)
+    assert all(s.cpuset and len(s.cpuset) == s.threads for s in specs)
+
+
+def test_core_placement_packs_quota_onto_the_least_committed_cores() -> None:
+    placement = CorePlacement([4, 5])
+    assert [placement.take(0.5) for _ in range(4)] == [(4,), (5,), (4,), (5,)]
+    assert placement.take(2) == (4, 5) and placement.committed == {4: 2.0, 5: 2.0}
+    placement.give_back((5,), 0.5)
+    assert placement.take(1) == (5,)
+    with pytest.raises(PlanError, match="needs 3 cores; only 2"):
+        placement.take(2.5)
 
 
 # -- the Tuner -----------------------------------------------------------------------------------------------------

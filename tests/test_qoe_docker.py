@@ -47,7 +47,7 @@ def test_a_scenario_runs_on_docker_and_dqoes_moves_cpu_from_g_to_b(tuned_run, do
 
 def test_a_container_killed_from_outside_is_restarted_and_the_manager_goes_on(tuned_run, docker_backend,
                                                                               docker_engine, tmp_path: Path) -> None:
-    scenario = _scenario(tuned_run.artifact, "kill", duration_s=16.0, schedule=Schedule("burst"))
+    scenario = _scenario(tuned_run.artifact, "kill", duration_s=24.0, schedule=Schedule("burst"))  # room for a slow restart
 
     def kill_later() -> None:
         time.sleep(6.0)

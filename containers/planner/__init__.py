@@ -6,6 +6,6 @@ traffic envelope), ``config`` (a configuration and its cost), ``batchqueue`` (on
 batched k-server queue) and ``estimator`` (the whole pipeline simulated over a trace),
 ``planner`` (Algorithms 1 and 2) and ``baselines`` (coarse-grained CG-Mean, CG-Peak), ``plan``
 (the versioned result), ``tuner`` (Algorithms 3 and 4), ``simulate`` (replaying a plan) and
-``deploy_plan`` (a plan as container specs). Pure Python and numpy: nothing here imports
+``deploy_plan`` (a plan as container specs, pinned to cores). Pure Python and numpy: nothing here imports
 TVM, torch or the tuning packages.
 """

@@ -3,7 +3,8 @@
 Kept apart from the Estimator because it is the hot loop: plain Python lists, ``bisect`` and
 ``heapq`` (numpy calls cost more than they save on one batch at a time), one iteration per
 batch. Replicas may come and go over time: each serves only inside its active windows,
-and a batch it starts inside one runs to completion.
+and a batch it starts inside one runs to completion. A replica under a CPU quota runs its
+batches through ``CfsBandwidth``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,40 @@ class ReplicaChange:
     def __post_init__(self) -> None:
         if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or self.replicas < 1:
             raise PlanError(f"stage {self.stage}: replicas must be an integer of at least 1; got {self.replicas!r}")
+
+
+GOLDEN = 0.6180339887498949  # spreads the replicas' CFS period phases evenly, without a random draw
+
+
+class CfsBandwidth:
+    """The kernel's CFS bandwidth control on each replica: run at most ``share`` of every period, then wait.
+
+    Each replica's period starts at its own phase (containers start at unrelated times);
+    runtime left unused in a period does not carry over (no CFS burst), so a batch that
+    needs more than what is left of the period's runtime pauses until the next period.
+    """
+
+    def __init__(self, share: float, period_s: float, replicas: int) -> None:
+        if not 0 < share < 1 or not period_s > 0:
+            raise PlanError(f"a CPU quota needs a share in (0, 1) of a positive period; got {share!r} of {period_s!r} s")
+        self.runtime_s, self.period_s = share * period_s, period_s
+        self.phase = [(r * GOLDEN) % 1.0 * period_s for r in range(replicas)]
+        self.period = [-1] * replicas
+        self.used = [0.0] * replicas
+
+    def finish(self, replica: int, start: float, work_s: float) -> float:
+        """When a batch needing ``work_s`` of unthrottled running, started at ``start``, is done on ``replica``."""
+        phase, p = self.phase[replica], self.period_s
+        k = math.floor((start - phase) / p)
+        used = self.used[replica] if k == self.period[replica] else 0.0
+        t = start
+        while True:
+            left = max(0.0, min(self.runtime_s - used, phase + (k + 1) * p - t))
+            if work_s <= left:
+                self.period[replica], self.used[replica] = k, used + work_s
+                return t + work_s
+            work_s -= left
+            k, used, t = k + 1, 0.0, phase + (k + 1) * p
 
 
 def replica_windows(initial: int, changes: Sequence[tuple[float, int]], startup_s: float
@@ -55,7 +90,8 @@ def replica_windows(initial: int, changes: Sequence[tuple[float, int]], startup_
 
 
 def serve(ready: list[float], service_s: Sequence[float], batch: int, timeout_s: float,
-          windows: list[list[tuple[float, float]]], jitter: Sequence[float] | None = None) -> list[float]:
+          windows: list[list[tuple[float, float]]], jitter: Sequence[float] | None = None,
+          quota: tuple[float, float] | None = None) -> list[float]:
     """When each query finishes, for queries ready at the sorted times ``ready``.
 
     Args:
@@ -66,6 +102,8 @@ def serve(ready: list[float], service_s: Sequence[float], batch: int, timeout_s:
         windows: per replica slot, its active ``[start, end)`` spans, sorted (``replica_windows``).
         jitter: the b-th batch served takes ``service_s[k] * jitter[b]`` (at least one per query);
             none: every batch takes its mean.
+        quota: (share, period s) of a CPU quota every replica runs under (``CfsBandwidth``);
+            none: batches run unthrottled.
 
     The replica free soonest takes the queue's head. It starts at the later of when it is free
     and when the batch is due (``batch`` queries waiting, or the head waited ``timeout_s``), and
@@ -81,6 +119,7 @@ def serve(ready: list[float], service_s: Sequence[float], batch: int, timeout_s:
     heapq.heapify(heap)
     slot = [0] * len(windows)
     scale = jitter if jitter is not None else [1.0] * n
+    cfs = CfsBandwidth(*quota, len(windows)) if quota else None
     i = b = 0
     while i < n:
         if not heap:
@@ -100,7 +139,8 @@ def serve(ready: list[float], service_s: Sequence[float], batch: int, timeout_s:
                 heapq.heappop(heap)
             continue
         j = bisect_right(ready, start, i, last + 1 if last < n else n)
-        end = start + service_s[j - i] * scale[b]
+        work = service_s[j - i] * scale[b]
+        end = start + work if cfs is None else cfs.finish(r, start, work)
         b += 1
         if j == i + 1:
             finished[i] = end

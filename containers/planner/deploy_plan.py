@@ -1,4 +1,10 @@
-"""From a plan to the containers that serve it: one ``ContainerSpec`` per replica.
+"""From a plan to the containers that serve it: one ``ContainerSpec`` per replica, pinned to cores.
+
+Replicas are pinned because they were profiled pinned (``containers.profiling``), and a
+quota'd container left free to migrate runs slower than its profile: its CFS runtime is
+handed out per core in slices, and a thread that moves strands what it left behind.
+``CorePlacement`` packs replicas onto the least-committed cores, by quota, so fractional
+replicas share a core only up to its one core of quota.
 
 Only the mapping; starting the containers, routing queries between stages and applying
 the Tuner's changes belong to whoever holds the backend.
@@ -7,6 +13,8 @@ the Tuner's changes belong to whoever holds the backend.
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Sequence
 
 from containers.backends.base import ContainerSpec
 from containers.errors import PlanError
@@ -16,10 +24,40 @@ from containers.planner.pipeline import Pipeline
 from containers.planner.plan import Plan
 
 
-def plan_specs(plan: Plan, pipeline: Pipeline, base_port: int) -> list[ContainerSpec]:
+class CorePlacement:
+    """Which cores each replica is pinned to: the ``ceil(cpus)`` cores with the least quota committed so far.
+
+    Args:
+        cores: the cores replicas may use (default: those this process may run on).
+    """
+
+    def __init__(self, cores: Sequence[int] | None = None) -> None:
+        self.committed = {c: 0.0 for c in (sorted(os.sched_getaffinity(0)) if cores is None else cores)}
+        if not self.committed:
+            raise PlanError("no cores to place replicas on")
+
+    def take(self, cpus: float) -> tuple[int, ...]:
+        """Cores for a replica of ``cpus`` cores of quota, now committed to it."""
+        n = max(1, math.ceil(cpus))
+        if n > len(self.committed):
+            raise PlanError(f"a replica of {cpus:g} cores needs {n} cores; only {len(self.committed)} are available")
+        chosen = tuple(sorted(sorted(self.committed, key=lambda c: (self.committed[c], c))[:n]))
+        for c in chosen:
+            self.committed[c] += cpus / n
+        return chosen
+
+    def give_back(self, cores: Sequence[int], cpus: float) -> None:
+        """A replica on ``cores`` is gone: its quota no longer counts against them."""
+        for c in cores:
+            self.committed[c] -= cpus / len(cores)
+
+
+def plan_specs(plan: Plan, pipeline: Pipeline, base_port: int, placement: CorePlacement | None = None
+               ) -> list[ContainerSpec]:
     """Container specs for every replica of ``plan``, stage by stage, on consecutive ports from ``base_port``.
 
-    A ``cpu-<x>`` replica gets a quota of x cores and ``max(1, ceil(x))`` TVM threads. Names are
+    A ``cpu-<x>`` replica gets a quota of x cores, ``max(1, ceil(x))`` TVM threads, and as many
+    cores from ``placement`` (a fresh one over this process's cores by default). Names are
     ``<pipeline>-<stage>-<replica>``.
 
     Raises:
@@ -29,6 +67,7 @@ def plan_specs(plan: Plan, pipeline: Pipeline, base_port: int) -> list[Container
     if plan.pipeline != pipeline.name:
         raise PlanError(f"the plan is for pipeline {plan.pipeline!r}, not {pipeline.name!r}")
     check_config(pipeline, plan.stages)
+    placement = placement or CorePlacement()
     specs = []
     for stage in pipeline.stages:
         cfg = plan.stages[stage.name]
@@ -38,5 +77,5 @@ def plan_specs(plan: Plan, pipeline: Pipeline, base_port: int) -> list[Container
                             "deployed as containers")
         for i in range(cfg.replicas):
             specs.append(ContainerSpec(f"{plan.pipeline}-{stage.name}-{i}", stage.artifact, base_port + len(specs),
-                                       threads=max(1, math.ceil(cores)), cpus=cores))
+                                       threads=max(1, math.ceil(cores)), cpus=cores, cpuset=placement.take(cores)))
     return specs

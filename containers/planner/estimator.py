@@ -4,8 +4,10 @@ A discrete-event simulation of InferLine's serving model (section 4.2): each sta
 centralized batched queue feeding its replicas; a free replica dispatches when ``batch``
 queries wait or the oldest has waited the batching timeout, and then takes what is queued,
 up to ``batch``; a batch of k takes the profiled service time of k, drawn from the measured
-distribution where the profile kept its quantiles (a mean alone hides what a CPU quota does to
-the tail: throttled and unthrottled runs), else its mean. A query goes on to a
+distribution where the profile kept its quantiles, else its mean. On a CPU container whose
+quota is below its threads, the run is drawn from the unthrottled twin's profile and the
+replica's CFS bandwidth control is simulated (``profiles``, ``batchqueue.CfsBandwidth``), so
+throttling depends on how busy the replica is, as it does live. A query goes on to a
 child stage with that stage's scale factor, enters a join once every parent it visited is
 done, and is finished when every stage it visited is.
 
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from containers.backends import PERIOD_US
 from containers.errors import PlanError
 from containers.planner.config import Config, check_config
 from containers.planner.pipeline import Pipeline
@@ -184,11 +187,13 @@ class Estimator:
         idx = self._index[name]
         ready = self.arrivals[idx] if not stage.parents else np.fmax.reduce([done[p][idx] for p in stage.parents])
         order = np.argsort(ready, kind="stable")
-        service_s = [0.0] + [stage.profile.service_ms(cfg.hardware, k) / 1e3 for k in range(1, cfg.batch_size + 1)]
+        service_s = [0.0] + [stage.profile.run_point(cfg.hardware, k).mean_ms / 1e3 for k in range(1, cfg.batch_size + 1)]
         windows = replica_windows(cfg.replicas, [(c.at_s, c.replicas) for c in changes], self.startup_s)
+        share = stage.profile.quota_share(cfg.hardware)
         try:
             finished = serve(ready[order].tolist(), service_s, cfg.batch_size, cfg.batch_timeout_ms / 1e3, windows,
-                             self._service_jitter(name, cfg.hardware, cfg.batch_size))
+                             self._service_jitter(name, cfg.hardware, cfg.batch_size),
+                             (share, PERIOD_US / 1e6) if share else None)
         except PlanError as err:
             raise PlanError(f"stage {name}: {err}") from None
         out = np.full(self.arrivals.size, np.nan)
@@ -199,7 +204,7 @@ class Estimator:
         """Per batch served, its service time over the mean, drawn from the shape profiled for this batch size."""
         key = (name, hardware, batch)
         if key not in self._jitter:
-            point = self.pipeline.stage(name).profile.point(hardware, batch)
+            point = self.pipeline.stage(name).profile.run_point(hardware, batch)
             self._jitter[key] = point.shape(SHAPE_LEVELS)[self._levels[name]].tolist() if point.quantiles_ms else None
         return self._jitter[key]
 

@@ -15,7 +15,7 @@ import json
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from containers.atomic import write_atomically
 from containers.backends.base import ContainerBackend
 from containers.errors import ScenarioError
 from containers.planner.batchqueue import ReplicaChange
-from containers.planner.deploy_plan import plan_specs
+from containers.planner.deploy_plan import CorePlacement, plan_specs
 from containers.planner.estimator import Estimate, Estimator
 from containers.planner.frontend import Frontend, LiveQueries, stage_inputs
 from containers.planner.pipeline import Pipeline
@@ -81,13 +81,14 @@ class LiveTuner:
 def apply_plan(plan: Plan, pipeline: Pipeline, arrivals: np.ndarray, out_dir: Path,
                backend: str | ContainerBackend = "auto", tuner: bool = False, seed: int = 0,
                base_port: int = BASE_PORT, duration_s: float | None = None, drain_s: float = DRAIN_S,
-               on_event: Callable[[str], None] = lambda text: None) -> dict[str, Any]:
+               cores: Sequence[int] | None = None, on_event: Callable[[str], None] = lambda text: None) -> dict[str, Any]:
     """Serve ``plan`` live over ``arrivals`` and return (and write into ``out_dir``) the run's record.
 
     Args:
         seed: the routing draws' (as the Estimator's): which queries visit which stage.
         base_port: the plan's replicas listen on consecutive ports from here; the Tuner's on the next free ones.
         duration_s: only the arrivals before this many seconds are sent.
+        cores: the cores the replicas are pinned to (``CorePlacement``); default: every core this process may use.
 
     Raises:
         PlanError: the plan is not for this pipeline or does not fit it, or a stage is not on CPU.
@@ -100,7 +101,8 @@ def apply_plan(plan: Plan, pipeline: Pipeline, arrivals: np.ndarray, out_dir: Pa
     arrivals = check_trace(arrivals)
     if duration_s is not None:
         arrivals = check_trace(arrivals[arrivals < duration_s])
-    specs = plan_specs(plan, pipeline, base_port)
+    placement = CorePlacement(cores)
+    specs = plan_specs(plan, pipeline, base_port, placement)
     for spec in specs:
         check_spec(spec)
         if not port_free(spec.host, spec.port):
@@ -110,7 +112,7 @@ def apply_plan(plan: Plan, pipeline: Pipeline, arrivals: np.ndarray, out_dir: Pa
     out_dir.mkdir(parents=True, exist_ok=True)
     engine = create_backend(backend)
     replicas = ReplicaSet(engine, frontend, group_specs(specs, {s.name: plan.stages[s.name].replicas
-                                                                for s in pipeline.stages}))
+                                                                for s in pipeline.stages}), placement)
     on_event(f"starting {len(specs)} replicas on the {engine.kind} backend")
     replicas.start()
     live_tuner = LiveTuner(Tuner.for_plan(plan, estimator), frontend, replicas, arrivals) if tuner else None
@@ -182,11 +184,22 @@ def _latencies(estimate: Estimate) -> dict[str, float]:
 
 
 def _batch_summary(queries: LiveQueries, stages: list[str]) -> dict[str, dict[str, float | int]]:
-    """Per stage: requests made, how many failed, and the batch sizes they carried."""
+    """Per stage: requests made, how many failed, the batch sizes they carried, and where their time went.
+
+    ``request_ms`` is send to reply (the replica's service time as the front end sees it, to
+    compare with the profile), ``server_ms`` the part the replica's server counted itself,
+    and ``wait_ms`` the oldest query's wait in the stage's queue.
+    """
     out: dict[str, dict[str, float | int]] = {}
     for stage in stages:
-        sizes = [len(b.queries) for b in queries.batches if b.stage == stage]
-        out[stage] = {"requests": len(sizes), "failed": sum(b.error is not None for b in queries.batches
-                                                            if b.stage == stage),
+        batches = [b for b in queries.batches if b.stage == stage]
+        sizes = [len(b.queries) for b in batches]
+        out[stage] = {"requests": len(sizes), "failed": sum(b.error is not None for b in batches),
                       "mean_size": round(float(np.mean(sizes)), 3) if sizes else 0, "max_size": max(sizes, default=0)}
+        answered = [b for b in batches if b.error is None]
+        for name, ms in (("request_ms", [(b.done_s - b.sent_s) * 1e3 for b in answered]),
+                         ("server_ms", [b.server_ms for b in answered if b.server_ms is not None]),
+                         ("wait_ms", [(b.sent_s - b.oldest_ready_s) * 1e3 for b in answered])):
+            if ms:
+                out[stage][name] = {f"p{q}": round(float(np.percentile(ms, q)), 3) for q in (50, 99)}
     return out

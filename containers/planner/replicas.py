@@ -7,7 +7,8 @@ name, the next free port, the stage's planned size) and routes to each once it a
 ``/health``; going down first drops containers still starting, then takes the newest
 serving ones out of the route, lets their batch in hand finish, and stops them. Every
 change is recorded with its time, so a run shows when capacity was asked for and when it
-served.
+served. A replica added later is pinned like the planned ones, to the cores a
+``CorePlacement`` finds least committed then; a stopped one gives its cores back.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass, replace
 
 from containers.backends.base import HOST, ContainerBackend, ContainerSpec
 from containers.errors import ContainerError, ScenarioError
+from containers.planner.deploy_plan import CorePlacement
 from containers.planner.frontend import Frontend
 
 
@@ -52,14 +54,17 @@ class ReplicaSet:
         frontend: routes queries to the replicas serving.
         specs: stage -> its planned replicas' specs (``plan_specs``, grouped); the first is the
             template for the stage's later replicas.
+        placement: where the planned replicas were pinned (``plan_specs``'s); later replicas are
+            pinned by it too. None: later replicas copy the first one's cpuset.
         start_timeout_s: how long a container may take to answer ``/health``.
     """
 
     def __init__(self, backend: ContainerBackend, frontend: Frontend, specs: dict[str, Sequence[ContainerSpec]],
-                 start_timeout_s: float = 60.0) -> None:
+                 placement: CorePlacement | None = None, start_timeout_s: float = 60.0) -> None:
         if not all(specs.values()):
             raise ScenarioError("every stage needs at least one planned replica")
         self.backend, self.frontend, self.specs, self.start_timeout_s = backend, frontend, specs, start_timeout_s
+        self.placement = placement
         self.serving_: dict[str, list[ContainerSpec]] = {stage: [] for stage in specs}
         self.events_: list[ReplicaEvent] = []
         self._starting: dict[str, list[ContainerSpec]] = {stage: [] for stage in specs}
@@ -133,7 +138,13 @@ class ReplicaSet:
         self._ports.add(port)
         name = f"{template.name.rsplit('-', 1)[0]}-{self._next[stage]}"
         self._next[stage] += 1
-        return replace(template, name=name, port=port)
+        cpuset = self.placement.take(template.cpus or 1.0) if self.placement else template.cpuset
+        return replace(template, name=name, port=port, cpuset=cpuset)
+
+    def _release(self, spec: ContainerSpec) -> None:
+        """``spec``'s cores are free again (caller holds the lock)."""
+        if self.placement and spec.cpuset:
+            self.placement.give_back(spec.cpuset, spec.cpus or 1.0)
 
     def _spawn(self, work: Callable[[str, ContainerSpec], None], stage: str, spec: ContainerSpec) -> None:
         thread = threading.Thread(target=work, args=(stage, spec), daemon=True, name=f"replica-{spec.name}")
@@ -146,6 +157,7 @@ class ReplicaSet:
         with self._lock:
             self._starting[stage].remove(spec)
             if error is not None:
+                self._release(spec)
                 self.events_.append(ReplicaEvent(self.frontend.clock(), stage, len(self.serving_[stage]), "failed",
                                                  spec.name, error))
                 return
@@ -155,6 +167,7 @@ class ReplicaSet:
                 self.events_.append(ReplicaEvent(self.frontend.clock(), stage, len(self.serving_[stage]), "serving",
                                                  spec.name))
                 return
+            self._release(spec)
         self.backend.stop(spec.name)
 
     def _shrink(self, stage: str, spec: ContainerSpec) -> None:
@@ -166,6 +179,7 @@ class ReplicaSet:
         except ContainerError as err:
             error = f"stopping it failed: {err}"
         with self._lock:
+            self._release(spec)
             self.events_.append(ReplicaEvent(self.frontend.clock(), stage, len(self.serving_[stage]), "removed",
                                              spec.name, error))
 

@@ -34,6 +34,7 @@ class Batch:
         oldest_ready_s: when its first query joined the queue (front-end clock, seconds).
         sent_s: when the request was sent; ``done_s``: when its reply (or failure) came back.
         error: why the request failed; None when it was answered.
+        server_ms: how long the replica's server held the request, by its own clock; None when it failed.
     """
 
     stage: str
@@ -43,6 +44,7 @@ class Batch:
     sent_s: float
     done_s: float
     error: str | None = None
+    server_ms: float | None = None
 
 
 class StageQueue:
@@ -122,11 +124,11 @@ class StageQueue:
             while (taken := self._take(stop)) is not None:
                 sent = self.clock()
                 try:
-                    client.infer(list(self.inputs(len(taken))))
-                    error = None
+                    server_ms, error = client.infer(list(self.inputs(len(taken)))).server_ms, None
                 except Exception as err:  # noqa: BLE001 - a failed request is a result, reported with its reason
-                    error = f"{type(err).__name__}: {err}"
-                self.on_batch(Batch(self.name, url, tuple(q for q, _ in taken), taken[0][1], sent, self.clock(), error))
+                    server_ms, error = None, f"{type(err).__name__}: {err}"
+                self.on_batch(Batch(self.name, url, tuple(q for q, _ in taken), taken[0][1], sent, self.clock(), error,
+                                    server_ms))
         finally:
             client.close()
 
