@@ -34,6 +34,7 @@ def plot_live(record: dict[str, Any], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     q = record["queries"]
     arrival = np.asarray(q["arrival_s"], dtype=float)
@@ -45,10 +46,14 @@ def plot_live(record: dict[str, Any], path: Path) -> None:
     rate.set_ylabel("arrivals / s")
     tuner = ", Tuner on" if record["tuner"] else ""
     rate.set_title(f"{record['pipeline']} ({record['method']} plan, {record['backend']} backend{tuner})")
+    most = 1
     for stage, steps in replica_steps(record).items():
         times, counts = [t for t, _ in steps] + [end], [n for _, n in steps] + [steps[-1][1]]
         reps.step(times, counts, where="post", label=stage)
+        most = max(most, *counts)
     reps.set_ylabel("replicas serving")
+    reps.set_ylim(0, most + 1)
+    reps.yaxis.set_major_locator(MaxNLocator(integer=True))
     reps.legend(loc="upper left", fontsize="small")
     ends, p99 = rolling_p99(arrival[answered], latency[answered])
     tail.plot(ends, p99, color="tab:blue", label=f"measured p99 (last {ROLLING_S:g} s)")
