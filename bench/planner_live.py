@@ -3,12 +3,14 @@
     python -m bench.planner --live
 
 A two-stage pipeline (mlp -> bert_ffn, the artifacts bench.qoe tuned, on their
-container-measured profile entries of at most one core where there are any) is planned for
-a Poisson trace sized so that its replicas fit this machine's cores less the client's, then
-served (``containers.planner.live.apply_plan``): measured p99 against the Estimator's for the
-same trace and routing draws (target: within 10%). The load generator and front end are
-pinned to a core of their own, as InferLine's ran on their own machines: replicas that share
-cores with the client measure the client, not the plan. A second run steps the rate up
+container-measured profile entries of at most one core) is profiled again in containers
+first (a shared host's speed drifts by 20% between hours; the prediction should be about
+the plan, not the drift), then planned for
+a Poisson trace sized so that each replica has a core of its own, as the Estimator assumes,
+then served (``containers.planner.live.apply_plan``): measured p99 against the Estimator's
+for the same trace and routing draws (target: within 10%). The load generator and front end
+are pinned to the first core, which the placement gives to the first (and lightest) stage.
+A second run steps the rate up
 mid-trace with the Tuner on; its replicas are the half-core ones, on every core, and the load
 and step are sized so that the replicas the simulated Tuner would add still fit. It reports the replica changes and
 the p99 before and after. Writes the ``live`` key of
@@ -19,6 +21,7 @@ each run's live.json and live.png go to results/bench/planner/.
 from __future__ import annotations
 
 import json
+import math
 import platform
 import statistics
 from collections.abc import Callable
@@ -27,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.planner import QOE_ARTIFACTS, SLO_FACTOR, WORK, merge_section
+from bench.planner import QOE_ARTIFACTS, SLO_FACTOR, WORK, merge_section, profile_containers
 
 LIVE_STAGES = ("mlp", "bert_ffn")  # stage i runs QOE_ARTIFACTS/<name>/artifact; bert_ffn follows mlp
 LIVE_MAX_CORES = 1.0  # per replica: container-measured entries above this are left out, so replicas fit 2 cores
@@ -35,7 +38,7 @@ LIVE_STEP_MAX_CORES = 0.5  # the step run's replicas: small, so the Tuner's addi
 LIVE_LOADS = (0.6, 0.5, 0.4, 0.3, 0.2, 0.15, 0.1)  # x the slowest stage's batch-1 throughput, tried until the plan fits
 LIVE_STEPS = (2.0, 1.5, 1.25)  # rate factors for the step run, tried until the simulated Tuner's replicas fit
 LIVE_PLAN_S, LIVE_RUN_S, LIVE_STEP_AT_S, LIVE_STEP_RUN_S = 60.0, 150.0, 25.0, 75.0
-CLIENT_CORES = 1  # the load generator and front end run on the first core; the steady run's replicas on the others
+CLIENT_CORES = 1  # the load generator and front end are pinned to the first core
 LIVE_TARGET_P99_ERROR = 0.10
 LIVE_STEADY_REPEATS = 3  # one live run's p99 moved by 25% between two runs of the same plan and trace
 
@@ -57,12 +60,14 @@ def write_live_pipeline(folder: Path, max_cores: float) -> Path:
     return path
 
 
-def plan_cores(plan: Any, replicas: dict[str, int] | None = None) -> float:
-    """CPU cores the plan's replicas (or ``replicas`` per stage, on the planned hardware) are limited to."""
+def plan_cores(plan: Any, replicas: dict[str, int] | None = None, whole: bool = False) -> float:
+    """CPU cores the plan's replicas (or ``replicas`` per stage, on the planned hardware) are limited to;
+    ``whole``: the cores they are pinned to, a core of its own for each (a half-core replica counts one)."""
     from containers.planner.hardware import cpu_cores
 
     counts = replicas or {n: c.replicas for n, c in plan.stages.items()}
-    return sum(counts[n] * (cpu_cores(c.hardware) or 0.0) for n, c in plan.stages.items())
+    size = lambda c: math.ceil(cpu_cores(c.hardware) or 0.0) if whole else (cpu_cores(c.hardware) or 0.0)  # noqa: E731
+    return sum(counts[n] * size(c) for n, c in plan.stages.items())
 
 
 def _planned(pipeline: Any, load: float, seed: int) -> tuple[float, float, Any] | None:
@@ -83,11 +88,13 @@ def _planned(pipeline: Any, load: float, seed: int) -> tuple[float, float, Any] 
 
 
 def size_steady(pipeline: Any, cores: float, seed: int) -> dict[str, Any]:
-    """The highest load whose plan fits in ``cores``, with its plan and a fresh trace of it."""
+    """The highest load whose plan gives every replica a core of its own within ``cores``, with its plan and a
+    fresh trace of it: the Estimator, as InferLine's, gives each replica its own hardware, and replicas packed
+    onto one core slow each other down."""
     from containers.planner.trace import gamma_trace
 
     for load in LIVE_LOADS:
-        if (found := _planned(pipeline, load, seed)) and plan_cores(found[2]) <= cores:
+        if (found := _planned(pipeline, load, seed)) and plan_cores(found[2], whole=True) <= cores:
             rate, slo, plan = found
             return {"load": load, "rate_per_s": round(rate, 3), "slo_ms": slo, "plan": plan,
                     "trace": gamma_trace(rate, 1.0, LIVE_RUN_S, seed + 1)}
@@ -150,16 +157,16 @@ def run_live(out_dir: Path, seed: int = 7) -> dict[str, Any]:
     from containers.planner.pipeline import read_pipeline
 
     WORK.mkdir(parents=True, exist_ok=True)
+    profile_containers([QOE_ARTIFACTS / name / "artifact" for name in LIVE_STAGES])  # this host as it is now
     pipeline = read_pipeline(write_live_pipeline(WORK, LIVE_MAX_CORES))
     small = read_pipeline(write_live_pipeline(WORK, LIVE_STEP_MAX_CORES))
     every = sorted(os.sched_getaffinity(0))
-    client, servers = (every[:CLIENT_CORES], every[CLIENT_CORES:]) if len(every) > CLIENT_CORES else (every, every)
-    cores = float(len(every))
-    steady, step = size_steady(pipeline, len(servers), seed), size_step(small, cores, seed)
+    client, cores = every[:CLIENT_CORES], float(len(every))
+    steady, step = size_steady(pipeline, cores, seed), size_step(small, cores, seed)
     live: dict[str, Any] = {"pipeline": {s.name: str(s.artifact) for s in pipeline.stages},
                             "hardware": {s.name: list(s.hardware) for s in pipeline.stages},
                             "step_hardware": {s.name: list(s.hardware) for s in small.stages}, "cores": cores,
-                            "client_cores": client, "steady_replica_cores": servers,
+                            "client_cores": client,
                             "targets": {"p99_error": LIVE_TARGET_P99_ERROR}, "host": platform.node(),
                             "steady": _setting(steady)}
     runs = out_dir / "planner"
@@ -171,7 +178,7 @@ def run_live(out_dir: Path, seed: int = 7) -> dict[str, Any]:
             repeats, answered = [], []  # the same plan and trace served again: how much the measurement itself moves
             for _ in range(LIVE_STEADY_REPEATS):
                 record = apply_plan(steady["plan"], pipeline, steady["trace"], runs / "live-steady", backend=backend,
-                                    cores=servers, on_event=say("steady"))
+                                    cores=every, on_event=say("steady"))
                 repeats.append(live_summary(record, runs / "live-steady"))
                 q = record["queries"]
                 answered += [v for v, bad in zip(q["latency_ms"], q["failed"]) if v is not None and not bad]
@@ -217,7 +224,7 @@ def live_markdown(live: dict[str, Any]) -> str:
                                  for n, c in run["plan"].items())
     lines = ["## Live (Docker)", "",
              f"Pipeline {' -> '.join(live['pipeline'])} on {live['host']} ({live['cores']:g} cores; load generator and "
-             f"front end on core {live['client_cores']}, steady replicas on {live['steady_replica_cores']}); "
+             f"front end pinned to core {live['client_cores']}, the steady run's replicas a core each); "
              "hardware allowed: "
              f"{live['hardware']} (step run: {live['step_hardware']}). Poisson arrivals; SLO = {SLO_FACTOR:g}x the "
              "batch-1 service path.", "",

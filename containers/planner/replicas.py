@@ -7,7 +7,10 @@ name, the next free port, the stage's planned size) and routes to each once it a
 ``/health``; going down first drops containers still starting, then takes the newest
 serving ones out of the route, lets their batch in hand finish, and stops them. Every
 change is recorded with its time, so a run shows when capacity was asked for and when it
-served. A replica added later is pinned like the planned ones, to the cores a
+served. Every replica is warmed up before it is routed to: it serves requests back to back
+for a second, at one item and at its stage's batch size, as ``autotune profile`` warms a
+container before measuring it (the first requests a server sees run several times slower).
+A replica added later is pinned like the planned ones, to the cores a
 ``CorePlacement`` finds least committed then; a stopped one gives its cores back.
 """
 
@@ -15,14 +18,19 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from containers.backends.base import HOST, ContainerBackend, ContainerSpec
+from containers.client import InferenceClient
 from containers.errors import ContainerError, ScenarioError
 from containers.planner.deploy_plan import CorePlacement
 from containers.planner.frontend import Frontend
+
+
+WARMUP_S = 1.0  # how long a new replica serves back-to-back requests before it is routed to
 
 
 @dataclass(frozen=True)
@@ -57,14 +65,16 @@ class ReplicaSet:
         placement: where the planned replicas were pinned (``plan_specs``'s); later replicas are
             pinned by it too. None: later replicas copy the first one's cpuset.
         start_timeout_s: how long a container may take to answer ``/health``.
+        warmup_s: how long each replica is warmed up once it answers.
     """
 
     def __init__(self, backend: ContainerBackend, frontend: Frontend, specs: dict[str, Sequence[ContainerSpec]],
-                 placement: CorePlacement | None = None, start_timeout_s: float = 60.0) -> None:
+                 placement: CorePlacement | None = None, start_timeout_s: float = 60.0,
+                 warmup_s: float = WARMUP_S) -> None:
         if not all(specs.values()):
             raise ScenarioError("every stage needs at least one planned replica")
         self.backend, self.frontend, self.specs, self.start_timeout_s = backend, frontend, specs, start_timeout_s
-        self.placement = placement
+        self.placement, self.warmup_s = placement, warmup_s
         self.serving_: dict[str, list[ContainerSpec]] = {stage: [] for stage in specs}
         self.events_: list[ReplicaEvent] = []
         self._starting: dict[str, list[ContainerSpec]] = {stage: [] for stage in specs}
@@ -76,9 +86,9 @@ class ReplicaSet:
 
     def start(self) -> None:
         """Start every planned replica side by side and route to them; on any failure stop them all and raise."""
-        everything = [spec for s in self.specs.values() for spec in s]
+        everything = [(stage, spec) for stage, s in self.specs.items() for spec in s]
         with ThreadPoolExecutor(max_workers=len(everything)) as pool:
-            outcomes = list(zip(everything, pool.map(self._try_start, everything)))
+            outcomes = list(zip([spec for _, spec in everything], pool.map(lambda e: self._try_start(*e), everything)))
         errors = [f"{spec.name}: {err}" for spec, err in outcomes if err is not None]
         if errors:
             for spec, err in outcomes:
@@ -122,12 +132,27 @@ class ReplicaSet:
                 self.backend.stop(spec.name)
             specs.clear()
 
-    def _try_start(self, spec: ContainerSpec) -> str | None:
+    def _try_start(self, stage: str, spec: ContainerSpec) -> str | None:
+        """Start ``spec`` and warm it up; why that failed, or None."""
         try:
             self.backend.start(spec, self.start_timeout_s)
+            self._warm_up(stage, spec)
         except ContainerError as err:
             return str(err)
         return None
+
+    def _warm_up(self, stage: str, spec: ContainerSpec) -> None:
+        """Requests of one item and of the stage's batch size, back to back, for ``warmup_s``."""
+        queue = self.frontend.queues[stage]
+        sizes = sorted({1, queue.batch_size})
+        client = InferenceClient(spec.url, self.start_timeout_s)
+        try:
+            end, i = time.monotonic() + self.warmup_s, 0
+            while time.monotonic() < end:
+                client.infer(list(queue.inputs(sizes[i % len(sizes)])))
+                i += 1
+        finally:
+            client.close()
 
     def _new_spec(self, stage: str) -> ContainerSpec:
         """The stage's next replica: its planned size, the next name and free port (caller holds the lock)."""
@@ -153,7 +178,7 @@ class ReplicaSet:
 
     def _grow(self, stage: str, spec: ContainerSpec) -> None:
         """Start one replica; route to it unless it was cancelled meanwhile."""
-        error = self._try_start(spec)
+        error = self._try_start(stage, spec)
         with self._lock:
             self._starting[stage].remove(spec)
             if error is not None:
