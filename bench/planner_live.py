@@ -5,14 +5,14 @@
 A two-stage pipeline (mlp -> bert_ffn, the artifacts bench.qoe tuned, on their
 container-measured profile entries of at most one core) is profiled again in containers
 first (a shared host's speed drifts by 20% between hours; the prediction should be about
-the plan, not the drift), then planned for
-a Poisson trace sized so that each replica has a core of its own, as the Estimator assumes,
-then served (``containers.planner.live.apply_plan``): measured p99 against the Estimator's
-for the same trace and routing draws (target: within 10%). The load generator and front end
-are pinned to the first core, which the placement gives to the first (and lightest) stage.
-A second run steps the rate up
-mid-trace with the Tuner on; its replicas are the half-core ones, on every core, and the load
-and step are sized so that the replicas the simulated Tuner would add still fit. It reports the replica changes and
+the plan, not the drift), then planned for a Poisson trace sized so that each replica has a
+core of its own, as the Estimator assumes, and served three times
+(``containers.planner.live.apply_plan``): the p99 of all their queries against the
+Estimator's for the same trace and routing draws (target: within 10%). The load generator
+and front end are pinned to the first core, which the placement gives to the first (and
+lightest) stage. A second run steps the rate up mid-trace with the Tuner on; its replicas
+are the half-core ones, on every core, and the load and step are sized so that the replicas
+the simulated Tuner would add still fit. It reports the replica changes and
 the p99 before and after. Writes the ``live`` key of
 results/bench/planner.json and its section of planner.md, keeping the ``simulated`` ones;
 each run's live.json and live.png go to results/bench/planner/.
@@ -122,13 +122,15 @@ def size_step(pipeline: Any, cores: float, seed: int) -> dict[str, Any] | None:
     return None
 
 
-def p99_between(record: dict[str, Any], start_s: float, end_s: float = float("inf")) -> float | None:
-    """p99 (ms) of the answered queries that arrived in ``[start_s, end_s)`` of a live run."""
-
+def answered_ms(record: dict[str, Any], start_s: float = 0.0, end_s: float = float("inf")) -> list[float]:
+    """Latencies (ms) of the answered queries that arrived in ``[start_s, end_s)`` of a live run."""
     q = record["queries"]
-    lat = [v for t, v, bad in zip(q["arrival_s"], q["latency_ms"], q["failed"])
-           if start_s <= t < end_s and v is not None and not bad]
-    return round(float(np.percentile(lat, 99)), 3) if lat else None
+    return [v for t, v, bad in zip(q["arrival_s"], q["latency_ms"], q["failed"])
+            if start_s <= t < end_s and v is not None and not bad]
+
+
+def p99(latencies_ms: list[float]) -> float | None:
+    return round(float(np.percentile(latencies_ms, 99)), 3) if latencies_ms else None
 
 
 def live_summary(record: dict[str, Any], folder: Path) -> dict[str, Any]:
@@ -180,10 +182,9 @@ def run_live(out_dir: Path, seed: int = 7) -> dict[str, Any]:
                 record = apply_plan(steady["plan"], pipeline, steady["trace"], runs / "live-steady", backend=backend,
                                     cores=every, on_event=say("steady"))
                 repeats.append(live_summary(record, runs / "live-steady"))
-                q = record["queries"]
-                answered += [v for v, bad in zip(q["latency_ms"], q["failed"]) if v is not None and not bad]
+                answered += answered_ms(record)
             errors = sorted(r["p99_error"] for r in repeats if r.get("p99_error") is not None)
-            pooled = round(float(np.percentile(answered, 99)), 3) if answered else None
+            pooled = p99(answered)
             pooled_error = round(pooled / record["predicted"]["p99_ms"] - 1, 4) if pooled else None
             live["steady"].update(repeats[-1])
             live["steady"].update({
@@ -202,10 +203,10 @@ def run_live(out_dir: Path, seed: int = 7) -> dict[str, Any]:
                 live["step"] = {**_setting(step), **live_summary(record, runs / "live-step"),
                                 "step_at_s": LIVE_STEP_AT_S, "step_factor": step["step_factor"],
                                 "simulated_peak_replicas": step["simulated_peak_replicas"],
-                                "p99_before_ms": p99_between(record, 0.0, LIVE_STEP_AT_S),
-                                "p99_after_ms": p99_between(record, LIVE_STEP_AT_S),
+                                "p99_before_ms": p99(answered_ms(record, 0.0, LIVE_STEP_AT_S)),
+                                "p99_after_ms": p99(answered_ms(record, LIVE_STEP_AT_S)),
                                 "scaled_at_s": round(max(serving), 2) if serving else None,
-                                "p99_after_scaled_ms": p99_between(record, max(serving)) if serving else None}
+                                "p99_after_scaled_ms": p99(answered_ms(record, max(serving))) if serving else None}
         finally:
             os.sched_setaffinity(0, every)
             backend.close()

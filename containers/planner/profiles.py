@@ -155,7 +155,7 @@ def _throttled(points: Mapping[str, tuple[ServicePoint, ...]], quotas: Mapping[s
     """
     out = {}
     for key, (limit, threads) in quotas.items():
-        twin = f"cpu-{threads:g}"
+        twin = hardware_key({"kind": "cpu", "cpu_limit": threads})
         if limit < threads and quotas.get(twin) == (float(threads), threads) and \
                 {p.batch_size for p in points[key]} <= {p.batch_size for p in points[twin]}:
             out[key] = Throttled(points[twin], limit / threads)

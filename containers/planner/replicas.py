@@ -86,9 +86,9 @@ class ReplicaSet:
 
     def start(self) -> None:
         """Start every planned replica side by side and route to them; on any failure stop them all and raise."""
-        everything = [(stage, spec) for stage, s in self.specs.items() for spec in s]
+        stages, everything = zip(*[(stage, spec) for stage, s in self.specs.items() for spec in s])
         with ThreadPoolExecutor(max_workers=len(everything)) as pool:
-            outcomes = list(zip([spec for _, spec in everything], pool.map(lambda e: self._try_start(*e), everything)))
+            outcomes = list(zip(everything, pool.map(self._try_start, stages, everything)))
         errors = [f"{spec.name}: {err}" for spec, err in outcomes if err is not None]
         if errors:
             for spec, err in outcomes:
@@ -144,12 +144,12 @@ class ReplicaSet:
     def _warm_up(self, stage: str, spec: ContainerSpec) -> None:
         """Requests of one item and of the stage's batch size, back to back, for ``warmup_s``."""
         queue = self.frontend.queues[stage]
-        sizes = sorted({1, queue.batch_size})
+        requests = [list(queue.inputs(k)) for k in sorted({1, queue.batch_size})]
         client = InferenceClient(spec.url, self.start_timeout_s)
         try:
             end, i = time.monotonic() + self.warmup_s, 0
             while time.monotonic() < end:
-                client.infer(list(queue.inputs(sizes[i % len(sizes)])))
+                client.infer(requests[i % len(requests)])
                 i += 1
         finally:
             client.close()
