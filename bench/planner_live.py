@@ -9,8 +9,8 @@ the plan, not the drift), then planned for a Poisson trace sized so that each re
 core of its own, as the Estimator assumes, and served three times
 (``containers.planner.live.apply_plan``): the p99 of all their queries against the
 Estimator's for the same trace and routing draws (target: within 10%). The load generator
-and front end are pinned to the first core, which the placement gives to the first (and
-lightest) stage. A second run steps the rate up mid-trace with the Tuner on; its replicas
+and front end are pinned to the last core, which the placement (largest replica first, on
+the first core, where it was profiled) gives to the lightest stage. A second run steps the rate up mid-trace with the Tuner on; its replicas
 are the half-core ones, on every core, and the load and step are sized so that the replicas
 the simulated Tuner would add still fit. It reports the replica changes and
 the p99 before and after. Writes the ``live`` key of
@@ -38,7 +38,7 @@ LIVE_STEP_MAX_CORES = 0.5  # the step run's replicas: small, so the Tuner's addi
 LIVE_LOADS = (0.6, 0.5, 0.4, 0.3, 0.2, 0.15, 0.1)  # x the slowest stage's batch-1 throughput, tried until the plan fits
 LIVE_STEPS = (2.0, 1.5, 1.25)  # rate factors for the step run, tried until the simulated Tuner's replicas fit
 LIVE_PLAN_S, LIVE_RUN_S, LIVE_STEP_AT_S, LIVE_STEP_RUN_S = 60.0, 150.0, 25.0, 75.0
-CLIENT_CORES = 1  # the load generator and front end are pinned to the first core
+CLIENT_CORES = 1  # the load generator and front end are pinned to the last core
 LIVE_TARGET_P99_ERROR = 0.10
 LIVE_STEADY_REPEATS = 3  # one live run's p99 moved by 25% between two runs of the same plan and trace
 
@@ -163,7 +163,7 @@ def run_live(out_dir: Path, seed: int = 7) -> dict[str, Any]:
     pipeline = read_pipeline(write_live_pipeline(WORK, LIVE_MAX_CORES))
     small = read_pipeline(write_live_pipeline(WORK, LIVE_STEP_MAX_CORES))
     every = sorted(os.sched_getaffinity(0))
-    client, cores = every[:CLIENT_CORES], float(len(every))
+    client, cores = every[-CLIENT_CORES:], float(len(every))
     steady, step = size_steady(pipeline, cores, seed), size_step(small, cores, seed)
     live: dict[str, Any] = {"pipeline": {s.name: str(s.artifact) for s in pipeline.stages},
                             "hardware": {s.name: list(s.hardware) for s in pipeline.stages},

@@ -3,7 +3,8 @@
 A container size is a CPU limit in cores (a CFS quota); the container is pinned to
 ``ceil(limit)`` cores and its server runs that many TVM threads. Each configuration is
 started on a backend, warmed up, then driven by one closed-loop client (no queueing), so
-the latency recorded is the service time a request sees, HTTP included. The entries join
+the latency recorded is the service time a request sees, HTTP included, and the runs in order
+say how long slow spells last (``results.profile.Persistence``). The entries join
 the artifact's ``profile.json``, which the placement planner reads.
 """
 
@@ -65,7 +66,8 @@ def profile_in_containers(backend: ContainerBackend, artifact: Path, sizes: Sequ
                 entries.append(ProfileEntry(
                     hardware={"kind": "cpu", "device": device, "threads": size.threads, "cores": list(size.cores),
                               "cpu_limit": size.cpus, "container": backend.kind},
-                    batch_size=batch, latency_ms=LatencyStats.from_seconds([r.latency_s for r in records]),
+                    batch_size=batch, latency_ms=LatencyStats.from_seconds([r.latency_s for r in records],
+                                                                          [r.sent_at for r in records]),
                     throughput_per_s=round(batch * len(records) / seconds, 2), samples=len(records)))
         finally:
             backend.stop(spec.name)

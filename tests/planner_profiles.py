@@ -27,11 +27,12 @@ def bimodal(fast_ms: float, slow_ms: float, slow_share: float) -> tuple[float, .
     return (fast_ms,) * fast + (slow_ms,) * (101 - fast)
 
 
-def write_profile(folder: Path, table: dict[float, dict[int, float | tuple[float, ...]]], gpu: str | None = None) -> Path:
+def write_profile(folder: Path, table: dict[float, dict[int, float | tuple[float, ...] | LatencyStats]],
+                  gpu: str | None = None) -> Path:
     """An artifact folder holding only a ``profile.json``: one entry per (container size or GPU, batch size).
 
-    A table value is a service time in ms (every run the same, as far as the Estimator knows) or
-    the 0th..100th percentiles of one (``bimodal``).
+    A table value is a service time in ms (every run the same, as far as the Estimator knows),
+    the 0th..100th percentiles of one (``bimodal``), or its ``LatencyStats`` as they are.
     """
     folder.mkdir(parents=True, exist_ok=True)
     entries = []
@@ -40,7 +41,9 @@ def write_profile(folder: Path, table: dict[float, dict[int, float | tuple[float
             hw = ({"kind": "cuda", "device": gpu} if gpu else
                   {"kind": "cpu", "device": "znver4", "threads": math.ceil(cpus),
                    "cores": list(range(math.ceil(cpus))), "cpu_limit": cpus})
-            if isinstance(ms, tuple):
+            if isinstance(ms, LatencyStats):
+                stats = ms
+            elif isinstance(ms, tuple):
                 stats = LatencyStats(ms[50], ms[99], sum(ms) / len(ms), ms[0], ms)
             else:
                 stats = LatencyStats(ms, ms * 1.3, ms, ms * 0.9)

@@ -18,6 +18,7 @@ from containers.planner.estimator import Estimator
 from containers.planner.hardware import PriceTable, hardware_key
 from containers.planner.pipeline import read_pipeline
 from containers.planner.trace import envelope, gamma_trace, read_trace, spike_trace, write_trace
+from results.profile import LatencyStats, Persistence, read_profile
 from tests.planner_profiles import CHAIN, CNN, PRE, bimodal, chain, one_stage, write_pipeline, write_profile  # noqa: F401
 
 # -- hardware, prices, profiles ------------------------------------------------------------------------------------
@@ -153,6 +154,48 @@ def test_service_times_are_drawn_from_the_profiled_distribution(tmp_path: Path) 
     assert np.percentile(lat, 99) == pytest.approx(30.0, rel=0.03) and (lat < 15).mean() == pytest.approx(0.5, abs=0.05)
     flat = Estimator(one_stage(tmp_path / "flat", {1: {1: 20.0}}), sparse).estimate({"m": StageConfig("cpu-1", 1, 1)}, 100)
     assert np.allclose(flat.latencies_ms, 20.0)
+
+
+def _spells_series(share: float, time_s: float, gap_s: float, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(start times, latencies) of a closed loop whose runs' normal scores persist as ``Persistence`` says."""
+    from scipy.signal import lfilter
+
+    rng = np.random.default_rng(seed)
+    phi = math.exp(-gap_s / time_s)
+    spell = lfilter([math.sqrt(1 - phi ** 2)], [1.0, -phi], rng.standard_normal(n))
+    z = math.sqrt(share) * spell + math.sqrt(1 - share) * rng.standard_normal(n)
+    return np.arange(n) * gap_s, 0.030 * np.exp(0.2 * z)
+
+
+def test_persistence_is_fitted_from_a_closed_loop_series_and_kept_in_the_profile(tmp_path: Path) -> None:
+    """Slow spells of about a second on a 30 ms closed loop are found from 20 s of runs; runs independent
+    of each other are found to have none worth the name; a series too short gives no estimate."""
+    times, lat = _spells_series(0.6, 1.0, 0.030, 660, seed=4)
+    fit = Persistence.fit(times, lat)
+    assert fit is not None and fit.share == pytest.approx(0.6, abs=0.15) and 0.5 < fit.time_s < 2.0
+    times, lat = _spells_series(0.0, 1.0, 0.030, 660, seed=5)
+    assert Persistence.fit(times, lat).share < 0.1
+    assert Persistence.fit(times[:20], lat[:20]) is None
+    stats = LatencyStats.from_seconds(lat, times)
+    write_profile(tmp_path, {1: {1: stats}})
+    assert read_profile(tmp_path / "profile.json").entries[0].latency_ms.persistence == stats.persistence
+
+
+def test_slow_spells_lengthen_the_queueing_tail_but_not_the_service_times(tmp_path: Path) -> None:
+    """The same profiled distribution with and without persistence: alone, a query's time is drawn from it
+    either way; queued at 60% load, spells of slow runs build queues that independent draws do not."""
+    quantiles = tuple(np.percentile(0.030e3 * np.exp(0.2 * np.random.default_rng(1).standard_normal(5000)),
+                                    np.arange(101)))
+    plain = LatencyStats(quantiles[50], quantiles[99], float(np.mean(quantiles)), quantiles[0], quantiles)
+    spelled = LatencyStats(*plain.__dict__.values())
+    object.__setattr__(spelled, "persistence", Persistence(0.8, 2.0))
+    cfg = {"m": StageConfig("cpu-1", 1, 1)}
+    sparse, busy = np.arange(0, 3000, 0.5), gamma_trace(20, 1.0, 600, seed=3)
+    lat = {name: [Estimator(one_stage(tmp_path / name, {1: {1: stats}}), trace, seed=2).estimate(cfg, 1e3)
+                  for trace in (sparse, busy)] for name, stats in (("plain", plain), ("spelled", spelled))}
+    assert lat["spelled"][0].mean_ms == pytest.approx(lat["plain"][0].mean_ms, rel=0.02)
+    assert lat["spelled"][0].p99_ms == pytest.approx(lat["plain"][0].p99_ms, rel=0.08)
+    assert lat["spelled"][1].p99_ms > 1.2 * lat["plain"][1].p99_ms
 
 
 def test_cfs_bandwidth_runs_a_share_of_each_period_then_waits() -> None:

@@ -105,6 +105,11 @@ def test_plan_specs_give_each_replica_a_container(chain) -> None:
     cores = float(plan.stages["cnn"].hardware.removeprefix("cpu-"))
     assert cnn and all(s.cpus == cores and s.threads == max(1, math.ceil(cores)) for s in cnn)
     assert all(s.cpuset and len(s.cpuset) == s.threads for s in specs)
+    # placed largest quota first: the first cores (where ``autotune profile`` measures) go to the biggest replica
+    small_first = replace(plan, stages={"pre": StageConfig("cpu-0.5", 1, 1), "cnn": StageConfig("cpu-1", 1, 1),
+                                        "post": StageConfig("cpu-0.5", 1, 1)})
+    placed = {s.name: s.cpuset for s in plan_specs(small_first, chain, 19000, CorePlacement([4, 5]))}
+    assert placed == {"chain-pre-0": (5,), "chain-cnn-0": (4,), "chain-post-0": (5,)}
 
 
 def test_core_placement_packs_quota_onto_the_least_committed_cores() -> None:

@@ -4,7 +4,7 @@ Kept apart from the Estimator because it is the hot loop: plain Python lists, ``
 ``heapq`` (numpy calls cost more than they save on one batch at a time), one iteration per
 batch. Replicas may come and go over time: each serves only inside its active windows,
 and a batch it starts inside one runs to completion. A replica under a CPU quota runs its
-batches through ``CfsBandwidth``.
+batches through ``CfsBandwidth``; how long each batch takes comes from ``ServiceJitter``.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import math
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from containers.errors import PlanError
 
@@ -65,6 +67,67 @@ class CfsBandwidth:
             k, used, t = k + 1, 0.0, phase + (k + 1) * p
 
 
+class SlowSpells:
+    """Per replica, the persistent part of its runs' normal scores over time (``results.profile.Persistence``).
+
+    An Ornstein-Uhlenbeck process of time constant ``time_s``, stationary from the start, on a
+    grid fine against it; each replica slot gets its own (replicas run on their own cores),
+    drawn from ``seed`` and its index when it first serves, so every configuration sees the
+    same spells on the same slot.
+    """
+
+    MAX_POINTS = 20_000
+
+    def __init__(self, time_s: float, span_s: float, seed: Sequence[int]) -> None:
+        self.dt = max(time_s / 8, span_s / self.MAX_POINTS)
+        self.size = int(span_s / self.dt) + 2
+        self.phi = math.exp(-self.dt / time_s)
+        self.seed = tuple(seed)
+        self._grids: list[list[float]] = []
+
+    def at(self, replica: int, t_s: float) -> float:
+        """Replica ``replica``'s spell at ``t_s`` (the grid point at or before it; the last one past the span)."""
+        while len(self._grids) <= replica:
+            from scipy.signal import lfilter
+
+            eta = np.random.default_rng([*self.seed, len(self._grids)]).standard_normal(self.size)
+            walk = lfilter([math.sqrt(1 - self.phi ** 2)], [1.0, -self.phi], eta[1:], zi=[self.phi * eta[0]])[0]
+            self._grids.append([float(eta[0]), *walk.tolist()])
+        return self._grids[replica][min(max(int(t_s / self.dt), 0), self.size - 1)]
+
+
+class ServiceJitter:
+    """Each batch's service time over the mean, drawn from the profiled shape (``shape``, mean 1, at evenly
+    spaced quantile levels).
+
+    The level is the normal score of the batch's oldest query (``fresh``, one per query in ready
+    order) or, where slow spells persist, ``sqrt(1 - share)`` of it plus ``sqrt(share)`` of the
+    serving replica's spell at the batch's start: the same distribution, but slow runs come in
+    spells, as they do on a shared host.
+    """
+
+    def __init__(self, shape: np.ndarray, fresh: np.ndarray, spells: SlowSpells | None = None,
+                 share: float = 0.0) -> None:
+        self.levels = len(shape)
+        self.spells = spells if share > 0 else None
+        if self.spells is None:
+            self._fixed = shape[self._level(fresh)].tolist()
+        else:
+            self._shape, self._fresh = shape.tolist(), (math.sqrt(1 - share) * fresh).tolist()
+            self._spell = math.sqrt(share)
+
+    def _level(self, z: np.ndarray) -> np.ndarray:
+        from scipy.special import ndtr
+
+        return np.minimum((ndtr(z) * self.levels).astype(int), self.levels - 1)
+
+    def __call__(self, query: int, replica: int, start_s: float) -> float:
+        if self.spells is None:
+            return self._fixed[query]
+        z = self._fresh[query] + self._spell * self.spells.at(replica, start_s)
+        return self._shape[min(int(0.5 * (1 + math.erf(z * 0.7071067811865476)) * self.levels), self.levels - 1)]
+
+
 def replica_windows(initial: int, changes: Sequence[tuple[float, int]], startup_s: float
                     ) -> list[list[tuple[float, float]]]:
     """For each replica slot, the ``[start, end)`` spans in which it serves.
@@ -90,7 +153,7 @@ def replica_windows(initial: int, changes: Sequence[tuple[float, int]], startup_
 
 
 def serve(ready: list[float], service_s: Sequence[float], batch: int, timeout_s: float,
-          windows: list[list[tuple[float, float]]], jitter: Sequence[float] | None = None,
+          windows: list[list[tuple[float, float]]], jitter: ServiceJitter | None = None,
           quota: tuple[float, float] | None = None) -> list[float]:
     """When each query finishes, for queries ready at the sorted times ``ready``.
 
@@ -100,8 +163,8 @@ def serve(ready: list[float], service_s: Sequence[float], batch: int, timeout_s:
         batch: the most queries a replica takes at once.
         timeout_s: how long a free replica waits, from the oldest query's arrival, for a full batch.
         windows: per replica slot, its active ``[start, end)`` spans, sorted (``replica_windows``).
-        jitter: the b-th batch served takes ``service_s[k] * jitter[b]`` (at least one per query);
-            none: every batch takes its mean.
+        jitter: a batch whose oldest query is the i-th ready, started at ``start`` on replica ``r``,
+            takes ``service_s[k] * jitter(i, r, start)``; none: every batch takes its mean.
         quota: (share, period s) of a CPU quota every replica runs under (``CfsBandwidth``);
             none: batches run unthrottled.
 
@@ -118,9 +181,8 @@ def serve(ready: list[float], service_s: Sequence[float], batch: int, timeout_s:
     heap = [(w[0][0], r) for r, w in enumerate(windows) if w]
     heapq.heapify(heap)
     slot = [0] * len(windows)
-    scale = jitter if jitter is not None else [1.0] * n
     cfs = CfsBandwidth(*quota, len(windows)) if quota else None
-    i = b = 0
+    i = 0
     while i < n:
         if not heap:
             raise PlanError(f"{n - i} queries wait from {ready[i]:.3f} s but no replica serves after that")
@@ -139,9 +201,8 @@ def serve(ready: list[float], service_s: Sequence[float], batch: int, timeout_s:
                 heapq.heappop(heap)
             continue
         j = bisect_right(ready, start, i, last + 1 if last < n else n)
-        work = service_s[j - i] * scale[b]
+        work = service_s[j - i] if jitter is None else service_s[j - i] * jitter(i, r, start)
         end = start + work if cfs is None else cfs.finish(r, start, work)
-        b += 1
         if j == i + 1:
             finished[i] = end
         else:

@@ -3,8 +3,9 @@
 Replicas are pinned because they were profiled pinned (``containers.profiling``), and a
 quota'd container left free to migrate runs slower than its profile: its CFS runtime is
 handed out per core in slices, and a thread that moves strands what it left behind.
-``CorePlacement`` packs replicas onto the least-committed cores, by quota, so fractional
-replicas share a core only up to its one core of quota.
+``CorePlacement`` packs replicas onto the least-committed cores, by quota, largest first (so
+fractional replicas share a core only up to its one core of quota, and the largest replica
+gets the first cores, where ``autotune profile`` measures).
 
 Only the mapping; starting the containers, routing queries between stages and applying
 the Tuner's changes belong to whoever holds the backend.
@@ -57,8 +58,8 @@ def plan_specs(plan: Plan, pipeline: Pipeline, base_port: int, placement: CorePl
     """Container specs for every replica of ``plan``, stage by stage, on consecutive ports from ``base_port``.
 
     A ``cpu-<x>`` replica gets a quota of x cores, ``max(1, ceil(x))`` TVM threads, and as many
-    cores from ``placement`` (a fresh one over this process's cores by default). Names are
-    ``<pipeline>-<stage>-<replica>``.
+    cores from ``placement`` (a fresh one over this process's cores by default), placed largest
+    quota first. Names are ``<pipeline>-<stage>-<replica>``.
 
     Raises:
         PlanError: the plan is for another pipeline or does not fit it, or a stage is on a GPU,
@@ -68,14 +69,15 @@ def plan_specs(plan: Plan, pipeline: Pipeline, base_port: int, placement: CorePl
         raise PlanError(f"the plan is for pipeline {plan.pipeline!r}, not {pipeline.name!r}")
     check_config(pipeline, plan.stages)
     placement = placement or CorePlacement()
-    specs = []
+    replicas = []
     for stage in pipeline.stages:
         cfg = plan.stages[stage.name]
         cores = cpu_cores(cfg.hardware)
         if cores is None:
             raise PlanError(f"stage {stage.name} is planned on {cfg.hardware}; only cpu-<cores> replicas can be "
                             "deployed as containers")
-        for i in range(cfg.replicas):
-            specs.append(ContainerSpec(f"{plan.pipeline}-{stage.name}-{i}", stage.artifact, base_port + len(specs),
-                                       threads=max(1, math.ceil(cores)), cpus=cores, cpuset=placement.take(cores)))
-    return specs
+        replicas += [(stage, i, cores) for i in range(cfg.replicas)]
+    cpusets = {n: placement.take(replicas[n][2]) for n in sorted(range(len(replicas)), key=lambda n: -replicas[n][2])}
+    return [ContainerSpec(f"{plan.pipeline}-{stage.name}-{i}", stage.artifact, base_port + n,
+                          threads=max(1, math.ceil(cores)), cpus=cores, cpuset=cpusets[n])
+            for n, (stage, i, cores) in enumerate(replicas)]

@@ -4,7 +4,9 @@ A discrete-event simulation of InferLine's serving model (section 4.2): each sta
 centralized batched queue feeding its replicas; a free replica dispatches when ``batch``
 queries wait or the oldest has waited the batching timeout, and then takes what is queued,
 up to ``batch``; a batch of k takes the profiled service time of k, drawn from the measured
-distribution where the profile kept its quantiles, else its mean. On a CPU container whose
+distribution where the profile kept its quantiles, else its mean; where the profile also kept
+how long slow spells last (``results.profile.Persistence``), each replica's draws come in
+spells of that length (``batchqueue.ServiceJitter``). On a CPU container whose
 quota is below its threads, the run is drawn from the unthrottled twin's profile and the
 replica's CFS bandwidth control is simulated (``profiles``, ``batchqueue.CfsBandwidth``), so
 throttling depends on how busy the replica is, as it does live. A query goes on to a
@@ -32,7 +34,7 @@ from containers.backends import PERIOD_US
 from containers.errors import PlanError
 from containers.planner.config import Config, check_config
 from containers.planner.pipeline import Pipeline
-from containers.planner.batchqueue import ReplicaChange, replica_windows, serve
+from containers.planner.batchqueue import ReplicaChange, ServiceJitter, SlowSpells, replica_windows, serve
 from containers.planner.trace import check_trace
 
 SHAPE_LEVELS = 256  # service-time quantile levels drawn from
@@ -118,8 +120,8 @@ class Estimator:
                        else np.ones(self.arrivals.size, dtype=bool))
             self.visits_[stage.name] = reached & (u < stage.scale_factor)
         self._index = {name: np.flatnonzero(v) for name, v in self.visits_.items()}
-        self._levels = {name: rng.integers(0, SHAPE_LEVELS, max(1, idx.size)) for name, idx in self._index.items()}
-        self._jitter: dict[tuple[str, str, int], list[float] | None] = {}
+        self._fresh = {name: rng.standard_normal(max(1, idx.size)) for name, idx in self._index.items()}
+        self._spells: dict[tuple[str, float], SlowSpells] = {}
         self._ancestors = self._closure()
         served = int(np.logical_or.reduce(list(self.visits_.values())).sum())
         if served == 0:
@@ -192,7 +194,7 @@ class Estimator:
         share = stage.profile.quota_share(cfg.hardware)
         try:
             finished = serve(ready[order].tolist(), service_s, cfg.batch_size, cfg.batch_timeout_ms / 1e3, windows,
-                             self._service_jitter(name, cfg.hardware, cfg.batch_size),
+                             self._service_jitter(name, cfg.hardware, cfg.batch_size, order),
                              (share, PERIOD_US / 1e6) if share else None)
         except PlanError as err:
             raise PlanError(f"stage {name}: {err}") from None
@@ -200,13 +202,20 @@ class Estimator:
         out[idx[order]] = finished
         return out
 
-    def _service_jitter(self, name: str, hardware: str, batch: int) -> list[float] | None:
-        """Per batch served, its service time over the mean, drawn from the shape profiled for this batch size."""
-        key = (name, hardware, batch)
-        if key not in self._jitter:
-            point = self.pipeline.stage(name).profile.run_point(hardware, batch)
-            self._jitter[key] = point.shape(SHAPE_LEVELS)[self._levels[name]].tolist() if point.quantiles_ms else None
-        return self._jitter[key]
+    def _service_jitter(self, name: str, hardware: str, batch: int, order: np.ndarray) -> ServiceJitter | None:
+        """How batches of ``name`` vary around their mean (its visiting queries in ready ``order``): the shape
+        profiled for this batch size, in spells as long as profiled; None where only a mean was profiled."""
+        point = self.pipeline.stage(name).profile.run_point(hardware, batch)
+        if not point.quantiles_ms:
+            return None
+        shape, fresh, p = point.shape(SHAPE_LEVELS), self._fresh[name][order], point.persistence
+        if p is None or p.share <= 0:
+            return ServiceJitter(shape, fresh)
+        key = (name, p.time_s)
+        if key not in self._spells:
+            stage = [s.name for s in self.pipeline.stages].index(name)
+            self._spells[key] = SlowSpells(p.time_s, float(self.arrivals[-1]) + 60.0, (self.seed, stage))
+        return ServiceJitter(shape, fresh, self._spells[key], p.share)
 
     def _closure(self) -> dict[str, tuple[str, ...]]:
         """Each stage with the stages it depends on (itself and its ancestors), in topological order."""

@@ -24,7 +24,7 @@ import numpy as np
 
 from containers.errors import PlanError
 from containers.planner.hardware import hardware_key
-from results.profile import Profile
+from results.profile import Persistence, Profile
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,7 @@ class ServicePoint:
     mean_ms: float
     p99_ms: float
     quantiles_ms: tuple[float, ...] | None = None  # 0th..100th percentile, when the profile kept them
+    persistence: Persistence | None = None  # how long slow spells last, when the profile kept the runs' order
 
     def shape(self, levels: int) -> np.ndarray:
         """Service time over its mean at ``levels`` evenly spaced quantiles (mean 1); all ones without quantiles."""
@@ -92,7 +93,8 @@ class StageProfile:
                 quotas[key] = (float(e.hardware["cpu_limit"]), len(e.hardware.get("cores") or ())
                                or int(e.hardware.get("threads") or 1))
             rank = (e.hardware.get("cpu_limit") is None, e.latency_ms.mean)
-            point = ServicePoint(e.batch_size, e.latency_ms.mean, e.latency_ms.p99, e.latency_ms.quantiles)
+            point = ServicePoint(e.batch_size, e.latency_ms.mean, e.latency_ms.p99, e.latency_ms.quantiles,
+                                 e.latency_ms.persistence)
             if (key, e.batch_size) not in best or rank < best[key, e.batch_size][0]:
                 best[key, e.batch_size] = (rank, point)
         grouped: dict[str, list[ServicePoint]] = {}
