@@ -4,7 +4,9 @@ A container size is a CPU limit in cores (a CFS quota); the container is pinned 
 ``ceil(limit)`` cores and its server runs that many TVM threads. Each configuration is
 started on a backend, warmed up, then driven by one closed-loop client (no queueing), so
 the latency recorded is the service time a request sees, HTTP included, and the runs in order
-say how long slow spells last (``results.profile.Persistence``). The entries join
+say how long slow spells last (``results.profile.Persistence``). Then the same client rests
+``IDLE_GAP`` times the mean service time before each request, as a replica at about 25% load
+would: a server that rested serves slower than one kept busy. The entries join
 the artifact's ``profile.json``, which the placement planner reads.
 """
 
@@ -20,6 +22,9 @@ from containers.backends.base import ContainerBackend, ContainerSpec
 from containers.errors import ScenarioError
 from containers.load import LoadClient
 from results.profile import LatencyStats, Profile, ProfileEntry
+
+IDLE_GAP = 3.0  # rest before each idle-phase request, in mean service times: the mean gap at 25% load
+MIN_IDLE_SAMPLES = 20  # the idle phase runs long enough for these, up to three times the closed loop's time
 
 
 @dataclass(frozen=True)
@@ -63,12 +68,17 @@ def profile_in_containers(backend: ContainerBackend, artifact: Path, sizes: Sequ
                 records = [r for r in LoadClient([spec.url], inputs).run_for(seconds) if r.ok]
                 if not records:
                     raise ScenarioError(f"no request succeeded on {spec.name} ({size.cpus:g} cores, batch {batch})")
+                busy = LatencyStats.from_seconds([r.latency_s for r in records], [r.sent_at for r in records])
+                gap_s = IDLE_GAP * busy.mean / 1e3
+                rested = [r for r in LoadClient([spec.url], inputs, think_s=gap_s).run_for(
+                    min(3 * seconds, max(seconds, MIN_IDLE_SAMPLES * (gap_s + busy.mean / 1e3)))) if r.ok]
                 entries.append(ProfileEntry(
                     hardware={"kind": "cpu", "device": device, "threads": size.threads, "cores": list(size.cores),
                               "cpu_limit": size.cpus, "container": backend.kind},
-                    batch_size=batch, latency_ms=LatencyStats.from_seconds([r.latency_s for r in records],
-                                                                          [r.sent_at for r in records]),
-                    throughput_per_s=round(batch * len(records) / seconds, 2), samples=len(records)))
+                    batch_size=batch, latency_ms=busy, throughput_per_s=round(batch * len(records) / seconds, 2),
+                    samples=len(records),
+                    idle_latency_ms=LatencyStats.from_seconds([r.latency_s for r in rested]) if rested else None,
+                    idle_gap_ms=round(gap_s * 1e3, 3) if rested else None))
         finally:
             backend.stop(spec.name)
     return entries

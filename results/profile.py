@@ -15,14 +15,19 @@ Format (``schema_version`` 1)::
                          "persistence": {"share": 0.6, "time_s": 1.2}},   # optional, see Persistence
           "throughput_per_s": 18867.9,        # items (not batches) per second, batch_size / mean latency
           "samples": 200,
-          "torch_eager_latency_ms": {"p50": 0.30, "p99": 0.41, "mean": 0.31, "min": 0.29}   # or null
+          "torch_eager_latency_ms": {"p50": 0.30, "p99": 0.41, "mean": 0.31, "min": 0.29},  # or null
+          "idle_latency_ms": {"p50": 0.24, ...},   # optional: requests that find the server idle, see below
+          "idle_gap_ms": 0.66                      # how long it idled before each of them
         }
       ]
     }
 
 One entry per (hardware configuration, batch size), measured one replica at a time.
 ``hardware.cpu_limit`` is a container CPU quota in cores when the entry was measured
-in a container (null: whole cores, no quota).
+in a container (null: whole cores, no quota). ``latency_ms`` is measured closed loop,
+each request sent as the last is answered, so the server never rests; ``idle_latency_ms``
+is measured with ``idle_gap_ms`` of rest before each request, as a lightly loaded replica
+sees them (on a shared VM, 10% slower at the median: caches and the idle vCPU go cold).
 """
 
 from __future__ import annotations
@@ -125,6 +130,8 @@ class ProfileEntry:
     throughput_per_s: float
     samples: int
     torch_eager_latency_ms: LatencyStats | None = None
+    idle_latency_ms: LatencyStats | None = None
+    idle_gap_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -156,6 +163,8 @@ def read_profile(path: str | Path) -> Profile:
                 throughput_per_s=float(e["throughput_per_s"]),
                 samples=int(e["samples"]),
                 torch_eager_latency_ms=LatencyStats(**e["torch_eager_latency_ms"]) if e.get("torch_eager_latency_ms") else None,
+                idle_latency_ms=LatencyStats(**e["idle_latency_ms"]) if e.get("idle_latency_ms") else None,
+                idle_gap_ms=float(e["idle_gap_ms"]) if e.get("idle_gap_ms") is not None else None,
             )
             for e in raw["entries"]
         )

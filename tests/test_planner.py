@@ -6,6 +6,7 @@ Pure Python and numpy on synthetic profiles (``tests.planner_profiles``); runs i
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -196,6 +197,26 @@ def test_slow_spells_lengthen_the_queueing_tail_but_not_the_service_times(tmp_pa
     assert lat["spelled"][0].mean_ms == pytest.approx(lat["plain"][0].mean_ms, rel=0.02)
     assert lat["spelled"][0].p99_ms == pytest.approx(lat["plain"][0].p99_ms, rel=0.08)
     assert lat["spelled"][1].p99_ms > 1.2 * lat["plain"][1].p99_ms
+
+
+def test_a_replica_that_rested_serves_at_its_idle_profile(tmp_path: Path) -> None:
+    """Profiled 10 ms kept busy and 13 ms after a rest: a sparse trace finds the replica rested before every
+    query, a saturating one never (each batch starts as the last ends), and one in between some of the time."""
+    folder = write_profile(tmp_path / "m", {1: {1: 10.0}})
+    profile = read_profile(folder / "profile.json")
+    rested = LatencyStats(13.0, 13.0, 13.0, 13.0, (13.0,) * 101)
+    entry = replace(profile.entries[0], idle_latency_ms=rested, idle_gap_ms=30.0)
+    replace(profile, entries=(entry,)).write(folder / "profile.json")
+    assert read_profile(folder / "profile.json").entries[0] == entry
+    pipeline = read_pipeline(write_pipeline(tmp_path, 'name = "one"\n[[stages]]\nname = "m"\nartifact = "m"\n', {}))
+    cfg = {"m": StageConfig("cpu-1", 1, 1)}
+    sparse = Estimator(pipeline, np.arange(0, 100, 0.5)).estimate(cfg, 1e3)
+    assert np.allclose(sparse.latencies_ms, 13.0)
+    closed = np.cumsum(np.full(2000, 0.0005))
+    done = np.sort(Estimator(pipeline, closed).estimate(cfg, 1e9).latencies_ms / 1e3 + closed)
+    assert np.diff(done).mean() * 1e3 == pytest.approx(10.0, rel=0.01)
+    between = Estimator(pipeline, gamma_trace(50, 1.0, 200, seed=1)).estimate(cfg, 1e3).latencies_ms
+    assert 0.3 < np.isclose(between, 13.0).mean() < 0.9
 
 
 def test_cfs_bandwidth_runs_a_share_of_each_period_then_waits() -> None:

@@ -59,6 +59,9 @@ def test_profile_command_measures_in_docker_containers(tuned_run, docker_engine,
     assert sorted((e["hardware"]["cpu_limit"], e["batch_size"]) for e in entries) == [(0.5, 1), (0.5, 64), (1.0, 1), (1.0, 64)]
     by = {(e["hardware"]["cpu_limit"], e["batch_size"]): e for e in entries}
     assert all(e["samples"] > 5 and e["latency_ms"]["p99"] >= e["latency_ms"]["p50"] > 0 for e in entries)
+    # each row also measured with rests between requests, and its closed loop's slow spells fitted
+    assert all(e["idle_gap_ms"] == pytest.approx(3 * e["latency_ms"]["mean"], rel=0.01)
+               and e["idle_latency_ms"]["p50"] > 0 and "persistence" in e["latency_ms"] for e in entries)
     # a half-core quota stretches the service time of the heavier batch
     assert by[(0.5, 64)]["latency_ms"]["mean"] > by[(1.0, 64)]["latency_ms"]["mean"]
 

@@ -83,22 +83,22 @@ class SlowSpells:
         self.size = int(span_s / self.dt) + 2
         self.phi = math.exp(-self.dt / time_s)
         self.seed = tuple(seed)
-        self._grids: list[list[float]] = []
+        self.grids: list[list[float]] = []  # per replica slot, the process at 0, dt, 2 dt, ...
 
-    def at(self, replica: int, t_s: float) -> float:
-        """Replica ``replica``'s spell at ``t_s`` (the grid point at or before it; the last one past the span)."""
-        while len(self._grids) <= replica:
-            from scipy.signal import lfilter
+    def grow(self, replicas: int) -> None:
+        """Make the grids of the first ``replicas`` slots."""
+        from scipy.signal import lfilter
 
-            eta = np.random.default_rng([*self.seed, len(self._grids)]).standard_normal(self.size)
+        while len(self.grids) < replicas:
+            eta = np.random.default_rng([*self.seed, len(self.grids)]).standard_normal(self.size)
             walk = lfilter([math.sqrt(1 - self.phi ** 2)], [1.0, -self.phi], eta[1:], zi=[self.phi * eta[0]])[0]
-            self._grids.append([float(eta[0]), *walk.tolist()])
-        return self._grids[replica][min(max(int(t_s / self.dt), 0), self.size - 1)]
+            self.grids.append([float(eta[0]), *walk.tolist()])
 
 
 class ServiceJitter:
-    """Each batch's service time over the mean, drawn from the profiled shape (``shape``, mean 1, at evenly
-    spaced quantile levels).
+    """Each batch's service time over its mean, drawn from the profiled shapes (mean 1, at evenly spaced
+    quantile levels): ``busy`` for a replica that went from batch to batch, ``idle`` for one that rested
+    before it (``busy`` again where no idle shape was profiled).
 
     The level is the normal score of the batch's oldest query (``fresh``, one per query in ready
     order) or, where slow spells persist, ``sqrt(1 - share)`` of it plus ``sqrt(share)`` of the
@@ -106,26 +106,35 @@ class ServiceJitter:
     spells, as they do on a shared host.
     """
 
-    def __init__(self, shape: np.ndarray, fresh: np.ndarray, spells: SlowSpells | None = None,
+    def __init__(self, busy: np.ndarray, idle: np.ndarray | None, fresh: np.ndarray, spells: SlowSpells | None = None,
                  share: float = 0.0) -> None:
-        self.levels = len(shape)
+        self.levels = len(busy)
         self.spells = spells if share > 0 else None
+        shapes = (busy, busy if idle is None else idle)
         if self.spells is None:
-            self._fixed = shape[self._level(fresh)].tolist()
+            levels = self._level(fresh)
+            self._fixed = tuple(s[levels].tolist() for s in shapes)
         else:
-            self._shape, self._fresh = shape.tolist(), (math.sqrt(1 - share) * fresh).tolist()
-            self._spell = math.sqrt(share)
+            self._shapes = tuple(s.tolist() for s in shapes)
+            self._fresh, self._spell = (math.sqrt(1 - share) * fresh).tolist(), math.sqrt(share)
+            self._per_s, self._last = 1 / self.spells.dt, self.spells.size - 1
 
     def _level(self, z: np.ndarray) -> np.ndarray:
         from scipy.special import ndtr
 
         return np.minimum((ndtr(z) * self.levels).astype(int), self.levels - 1)
 
-    def __call__(self, query: int, replica: int, start_s: float) -> float:
+    def __call__(self, query: int, replica: int, start_s: float, rested: bool) -> float:
+        """The scale of a batch headed by ``query``; hot (once per batch), so the spell lookup is inlined."""
         if self.spells is None:
-            return self._fixed[query]
-        z = self._fresh[query] + self._spell * self.spells.at(replica, start_s)
-        return self._shape[min(int(0.5 * (1 + math.erf(z * 0.7071067811865476)) * self.levels), self.levels - 1)]
+            return self._fixed[rested][query]
+        grids = self.spells.grids
+        if replica >= len(grids):
+            self.spells.grow(replica + 1)
+        k = int(start_s * self._per_s)
+        z = self._fresh[query] + self._spell * grids[replica][k if k < self._last else self._last]
+        level = int((1 + math.erf(z * 0.7071067811865476)) * 0.5 * self.levels)
+        return self._shapes[rested][level if level < self.levels else self.levels - 1]
 
 
 def replica_windows(initial: int, changes: Sequence[tuple[float, int]], startup_s: float
@@ -154,7 +163,7 @@ def replica_windows(initial: int, changes: Sequence[tuple[float, int]], startup_
 
 def serve(ready: list[float], service_s: Sequence[float], batch: int, timeout_s: float,
           windows: list[list[tuple[float, float]]], jitter: ServiceJitter | None = None,
-          quota: tuple[float, float] | None = None) -> list[float]:
+          quota: tuple[float, float] | None = None, rested_s: Sequence[float] | None = None) -> list[float]:
     """When each query finishes, for queries ready at the sorted times ``ready``.
 
     Args:
@@ -164,9 +173,11 @@ def serve(ready: list[float], service_s: Sequence[float], batch: int, timeout_s:
         timeout_s: how long a free replica waits, from the oldest query's arrival, for a full batch.
         windows: per replica slot, its active ``[start, end)`` spans, sorted (``replica_windows``).
         jitter: a batch whose oldest query is the i-th ready, started at ``start`` on replica ``r``,
-            takes ``service_s[k] * jitter(i, r, start)``; none: every batch takes its mean.
+            takes ``service_s[k] * jitter(i, r, start, rested)``; none: every batch takes its mean.
         quota: (share, period s) of a CPU quota every replica runs under (``CfsBandwidth``);
             none: batches run unthrottled.
+        rested_s: like ``service_s``, for a batch that a replica waited for (it rested before it,
+            or it is its first); none: the same as ``service_s``.
 
     The replica free soonest takes the queue's head. It starts at the later of when it is free
     and when the batch is due (``batch`` queries waiting, or the head waited ``timeout_s``), and
@@ -181,6 +192,7 @@ def serve(ready: list[float], service_s: Sequence[float], batch: int, timeout_s:
     heap = [(w[0][0], r) for r, w in enumerate(windows) if w]
     heapq.heapify(heap)
     slot = [0] * len(windows)
+    last_end = [-math.inf] * len(windows)  # when each replica's last batch ended: it rests until the next starts
     cfs = CfsBandwidth(*quota, len(windows)) if quota else None
     i = 0
     while i < n:
@@ -201,8 +213,11 @@ def serve(ready: list[float], service_s: Sequence[float], batch: int, timeout_s:
                 heapq.heappop(heap)
             continue
         j = bisect_right(ready, start, i, last + 1 if last < n else n)
-        work = service_s[j - i] if jitter is None else service_s[j - i] * jitter(i, r, start)
-        end = start + work if cfs is None else cfs.finish(r, start, work)
+        rested = rested_s is not None and start > last_end[r]
+        work = (rested_s if rested else service_s)[j - i]  # type: ignore[index]
+        if jitter is not None:
+            work *= jitter(i, r, start, rested)
+        end = last_end[r] = start + work if cfs is None else cfs.finish(r, start, work)
         if j == i + 1:
             finished[i] = end
         else:

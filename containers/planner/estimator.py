@@ -6,7 +6,9 @@ queries wait or the oldest has waited the batching timeout, and then takes what 
 up to ``batch``; a batch of k takes the profiled service time of k, drawn from the measured
 distribution where the profile kept its quantiles, else its mean; where the profile also kept
 how long slow spells last (``results.profile.Persistence``), each replica's draws come in
-spells of that length (``batchqueue.ServiceJitter``). On a CPU container whose
+spells of that length (``batchqueue.ServiceJitter``); and a batch a replica waited for is
+drawn from the profile's idle measurement, where it has one (a rested server is slower than a
+busy one). On a CPU container whose
 quota is below its threads, the run is drawn from the unthrottled twin's profile and the
 replica's CFS bandwidth control is simulated (``profiles``, ``batchqueue.CfsBandwidth``), so
 throttling depends on how busy the replica is, as it does live. A query goes on to a
@@ -189,13 +191,15 @@ class Estimator:
         idx = self._index[name]
         ready = self.arrivals[idx] if not stage.parents else np.fmax.reduce([done[p][idx] for p in stage.parents])
         order = np.argsort(ready, kind="stable")
-        service_s = [0.0] + [stage.profile.run_point(cfg.hardware, k).mean_ms / 1e3 for k in range(1, cfg.batch_size + 1)]
+        points = [stage.profile.run_point(cfg.hardware, k) for k in range(1, cfg.batch_size + 1)]
+        service_s = [0.0] + [p.mean_ms / 1e3 for p in points]
+        rested_s = [0.0] + [(p.idle or p).mean_ms / 1e3 for p in points] if any(p.idle for p in points) else None
         windows = replica_windows(cfg.replicas, [(c.at_s, c.replicas) for c in changes], self.startup_s)
         share = stage.profile.quota_share(cfg.hardware)
         try:
             finished = serve(ready[order].tolist(), service_s, cfg.batch_size, cfg.batch_timeout_ms / 1e3, windows,
                              self._service_jitter(name, cfg.hardware, cfg.batch_size, order),
-                             (share, PERIOD_US / 1e6) if share else None)
+                             (share, PERIOD_US / 1e6) if share else None, rested_s)
         except PlanError as err:
             raise PlanError(f"stage {name}: {err}") from None
         out = np.full(self.arrivals.size, np.nan)
@@ -208,14 +212,16 @@ class Estimator:
         point = self.pipeline.stage(name).profile.run_point(hardware, batch)
         if not point.quantiles_ms:
             return None
-        shape, fresh, p = point.shape(SHAPE_LEVELS), self._fresh[name][order], point.persistence
+        fresh, p = self._fresh[name][order], point.persistence
+        busy = point.shape(SHAPE_LEVELS)
+        idle = point.idle.shape(SHAPE_LEVELS) if point.idle and point.idle.quantiles_ms else None
         if p is None or p.share <= 0:
-            return ServiceJitter(shape, fresh)
+            return ServiceJitter(busy, idle, fresh)
         key = (name, p.time_s)
         if key not in self._spells:
             stage = [s.name for s in self.pipeline.stages].index(name)
             self._spells[key] = SlowSpells(p.time_s, float(self.arrivals[-1]) + 60.0, (self.seed, stage))
-        return ServiceJitter(shape, fresh, self._spells[key], p.share)
+        return ServiceJitter(busy, idle, fresh, self._spells[key], p.share)
 
     def _closure(self) -> dict[str, tuple[str, ...]]:
         """Each stage with the stages it depends on (itself and its ancestors), in topological order."""

@@ -36,6 +36,7 @@ class ServicePoint:
     p99_ms: float
     quantiles_ms: tuple[float, ...] | None = None  # 0th..100th percentile, when the profile kept them
     persistence: Persistence | None = None  # how long slow spells last, when the profile kept the runs' order
+    idle: ServicePoint | None = None  # the same batch on a replica that rested before it, when profiled
 
     def shape(self, levels: int) -> np.ndarray:
         """Service time over its mean at ``levels`` evenly spaced quantiles (mean 1); all ones without quantiles."""
@@ -93,8 +94,10 @@ class StageProfile:
                 quotas[key] = (float(e.hardware["cpu_limit"]), len(e.hardware.get("cores") or ())
                                or int(e.hardware.get("threads") or 1))
             rank = (e.hardware.get("cpu_limit") is None, e.latency_ms.mean)
+            rested = e.idle_latency_ms
             point = ServicePoint(e.batch_size, e.latency_ms.mean, e.latency_ms.p99, e.latency_ms.quantiles,
-                                 e.latency_ms.persistence)
+                                 e.latency_ms.persistence,
+                                 ServicePoint(e.batch_size, rested.mean, rested.p99, rested.quantiles) if rested else None)
             if (key, e.batch_size) not in best or rank < best[key, e.batch_size][0]:
                 best[key, e.batch_size] = (rank, point)
         grouped: dict[str, list[ServicePoint]] = {}
