@@ -70,15 +70,15 @@ def profile_in_containers(backend: ContainerBackend, artifact: Path, sizes: Sequ
                     raise ScenarioError(f"no request succeeded on {spec.name} ({size.cpus:g} cores, batch {batch})")
                 busy = LatencyStats.from_seconds([r.latency_s for r in records], [r.sent_at for r in records])
                 gap_s = IDLE_GAP * busy.mean / 1e3
-                rested = [r for r in LoadClient([spec.url], inputs, think_s=gap_s).run_for(
+                after_rest = [r for r in LoadClient([spec.url], inputs, think_s=gap_s).run_for(
                     min(3 * seconds, max(seconds, MIN_IDLE_SAMPLES * (gap_s + busy.mean / 1e3)))) if r.ok]
                 entries.append(ProfileEntry(
                     hardware={"kind": "cpu", "device": device, "threads": size.threads, "cores": list(size.cores),
                               "cpu_limit": size.cpus, "container": backend.kind},
                     batch_size=batch, latency_ms=busy, throughput_per_s=round(batch * len(records) / seconds, 2),
                     samples=len(records),
-                    idle_latency_ms=LatencyStats.from_seconds([r.latency_s for r in rested]) if rested else None,
-                    idle_gap_ms=round(gap_s * 1e3, 3) if rested else None))
+                    idle_latency_ms=LatencyStats.from_seconds([r.latency_s for r in after_rest]) if after_rest else None,
+                    idle_gap_ms=round(gap_s * 1e3, 3) if after_rest else None))
         finally:
             backend.stop(spec.name)
     return entries

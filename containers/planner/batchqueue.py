@@ -124,17 +124,17 @@ class ServiceJitter:
 
         return np.minimum((ndtr(z) * self.levels).astype(int), self.levels - 1)
 
-    def __call__(self, query: int, replica: int, start_s: float, rested: bool) -> float:
+    def __call__(self, query: int, replica: int, start_s: float, idle: bool) -> float:
         """The scale of a batch headed by ``query``; hot (once per batch), so the spell lookup is inlined."""
         if self.spells is None:
-            return self._fixed[rested][query]
+            return self._fixed[idle][query]
         grids = self.spells.grids
         if replica >= len(grids):
             self.spells.grow(replica + 1)
         k = int(start_s * self._per_s)
         z = self._fresh[query] + self._spell * grids[replica][k if k < self._last else self._last]
         level = int((1 + math.erf(z * 0.7071067811865476)) * 0.5 * self.levels)
-        return self._shapes[rested][level if level < self.levels else self.levels - 1]
+        return self._shapes[idle][level if level < self.levels else self.levels - 1]
 
 
 def replica_windows(initial: int, changes: Sequence[tuple[float, int]], startup_s: float
@@ -163,7 +163,7 @@ def replica_windows(initial: int, changes: Sequence[tuple[float, int]], startup_
 
 def serve(ready: list[float], service_s: Sequence[float], batch: int, timeout_s: float,
           windows: list[list[tuple[float, float]]], jitter: ServiceJitter | None = None,
-          quota: tuple[float, float] | None = None, rested_s: Sequence[float] | None = None) -> list[float]:
+          quota: tuple[float, float] | None = None, idle_s: Sequence[float] | None = None) -> list[float]:
     """When each query finishes, for queries ready at the sorted times ``ready``.
 
     Args:
@@ -173,10 +173,10 @@ def serve(ready: list[float], service_s: Sequence[float], batch: int, timeout_s:
         timeout_s: how long a free replica waits, from the oldest query's arrival, for a full batch.
         windows: per replica slot, its active ``[start, end)`` spans, sorted (``replica_windows``).
         jitter: a batch whose oldest query is the i-th ready, started at ``start`` on replica ``r``,
-            takes ``service_s[k] * jitter(i, r, start, rested)``; none: every batch takes its mean.
+            takes ``service_s[k] * jitter(i, r, start, idle)``; none: every batch takes its mean.
         quota: (share, period s) of a CPU quota every replica runs under (``CfsBandwidth``);
             none: batches run unthrottled.
-        rested_s: like ``service_s``, for a batch that a replica waited for (it rested before it,
+        idle_s: like ``service_s``, for a batch that a replica waited for (it rested before it,
             or it is its first); none: the same as ``service_s``.
 
     The replica free soonest takes the queue's head. It starts at the later of when it is free
@@ -213,10 +213,10 @@ def serve(ready: list[float], service_s: Sequence[float], batch: int, timeout_s:
                 heapq.heappop(heap)
             continue
         j = bisect_right(ready, start, i, last + 1 if last < n else n)
-        rested = rested_s is not None and start > last_end[r]
-        work = (rested_s if rested else service_s)[j - i]  # type: ignore[index]
+        idle = idle_s is not None and start > last_end[r]
+        work = (idle_s if idle else service_s)[j - i]  # type: ignore[index]
         if jitter is not None:
-            work *= jitter(i, r, start, rested)
+            work *= jitter(i, r, start, idle)
         end = last_end[r] = start + work if cfs is None else cfs.finish(r, start, work)
         if j == i + 1:
             finished[i] = end

@@ -193,13 +193,13 @@ class Estimator:
         order = np.argsort(ready, kind="stable")
         points = [stage.profile.run_point(cfg.hardware, k) for k in range(1, cfg.batch_size + 1)]
         service_s = [0.0] + [p.mean_ms / 1e3 for p in points]
-        rested_s = [0.0] + [(p.idle or p).mean_ms / 1e3 for p in points] if any(p.idle for p in points) else None
+        idle_s = [0.0] + [(p.idle or p).mean_ms / 1e3 for p in points] if any(p.idle for p in points) else None
         windows = replica_windows(cfg.replicas, [(c.at_s, c.replicas) for c in changes], self.startup_s)
         share = stage.profile.quota_share(cfg.hardware)
         try:
             finished = serve(ready[order].tolist(), service_s, cfg.batch_size, cfg.batch_timeout_ms / 1e3, windows,
                              self._service_jitter(name, cfg.hardware, cfg.batch_size, order),
-                             (share, PERIOD_US / 1e6) if share else None, rested_s)
+                             (share, PERIOD_US / 1e6) if share else None, idle_s)
         except PlanError as err:
             raise PlanError(f"stage {name}: {err}") from None
         out = np.full(self.arrivals.size, np.nan)

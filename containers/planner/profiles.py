@@ -94,10 +94,10 @@ class StageProfile:
                 quotas[key] = (float(e.hardware["cpu_limit"]), len(e.hardware.get("cores") or ())
                                or int(e.hardware.get("threads") or 1))
             rank = (e.hardware.get("cpu_limit") is None, e.latency_ms.mean)
-            rested = e.idle_latency_ms
+            idle = e.idle_latency_ms
             point = ServicePoint(e.batch_size, e.latency_ms.mean, e.latency_ms.p99, e.latency_ms.quantiles,
                                  e.latency_ms.persistence,
-                                 ServicePoint(e.batch_size, rested.mean, rested.p99, rested.quantiles) if rested else None)
+                                 ServicePoint(e.batch_size, idle.mean, idle.p99, idle.quantiles) if idle else None)
             if (key, e.batch_size) not in best or rank < best[key, e.batch_size][0]:
                 best[key, e.batch_size] = (rank, point)
         grouped: dict[str, list[ServicePoint]] = {}
