@@ -19,7 +19,7 @@ from containers.planner.deploy_plan import CorePlacement, plan_specs
 from containers.planner.estimator import Estimator
 from containers.planner.pipeline import read_pipeline
 from containers.planner.plan import read_plan
-from containers.planner.planner import initialize, minimize_cost, plan_methods, plan_pipeline
+from containers.planner.planner import hold_out, initialize, minimize_cost, plan_methods, plan_pipeline
 from containers.planner.trace import gamma_trace, spike_trace, write_trace
 from containers.planner.tuner import TunedStage, Tuner, simulate_with_tuner
 from tests.planner_profiles import CHAIN, CNN, PRE, bimodal, chain, write_pipeline  # noqa: F401
@@ -94,6 +94,22 @@ def test_bad_plan_files_are_refused(tmp_path: Path, chain) -> None:
     (tmp_path / "zero.json").write_text(json.dumps(raw))
     with pytest.raises(PlanError, match="replicas must be an integer of at least 1; got 0"):
         read_plan(tmp_path / "zero.json")
+
+
+def test_a_plan_that_fits_its_own_draws_is_grown_until_other_draws_meet_the_slo_too(tmp_path: Path) -> None:
+    """An SLO set to exactly one seed's p99.9: the plan meets it on those draws and misses on others, so the
+    hold-out adds a replica; a plan with room to spare is left as it is."""
+    pipeline = read_pipeline(write_pipeline(tmp_path, 'name = "one"\n[[stages]]\nname = "m"\nartifact = "m"\n',
+                                            {"m": {1: {1: bimodal(10.0, 100.0, 0.01)}}}))
+    est = Estimator(pipeline, gamma_trace(20, 1.0, 60, seed=4), slo_percentile=99.9)
+    tight = {"m": StageConfig("cpu-1", 1, 1)}
+    slo = float(np.percentile(est.estimate(tight, 1e3).latencies_ms, 99.9))
+    assert est.feasible(tight, slo)
+    held = hold_out(est, slo, tight)
+    assert held["m"].replicas > 1
+    assert all(Estimator(pipeline, est.arrivals, seed=k, slo_percentile=99.9).feasible(held, slo) for k in (1, 2, 3))
+    roomy = {"m": StageConfig("cpu-1", 1, 3)}
+    assert hold_out(est, 1e3, roomy) == roomy
 
 
 def test_plan_specs_give_each_replica_a_container(chain) -> None:
