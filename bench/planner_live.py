@@ -38,6 +38,7 @@ LIVE_STEP_MAX_CORES = 0.5  # the step run's replicas: small, so the Tuner's addi
 LIVE_LOADS = (0.6, 0.5, 0.4, 0.3, 0.2, 0.15, 0.1)  # x the slowest stage's batch-1 throughput, tried until the plan fits
 LIVE_STEPS = (2.0, 1.5, 1.25)  # rate factors for the step run, tried until the simulated Tuner's replicas fit
 LIVE_PLAN_S, LIVE_RUN_S, LIVE_STEP_AT_S, LIVE_STEP_RUN_S = 60.0, 150.0, 25.0, 75.0
+LIVE_QUERIES = 1500  # a steady run lasts at least LIVE_RUN_S and long enough for this many queries: its p99 rests on 15
 CLIENT_CORES = 1  # the load generator and front end are pinned to the last core
 LIVE_TARGET_P99_ERROR = 0.10
 LIVE_STEADY_REPEATS = 3  # one live run's p99 moved by 25% between two runs of the same plan and trace
@@ -97,7 +98,7 @@ def size_steady(pipeline: Any, cores: float, seed: int) -> dict[str, Any]:
         if (found := _planned(pipeline, load, seed)) and plan_cores(found[2], whole=True) <= cores:
             rate, slo, plan = found
             return {"load": load, "rate_per_s": round(rate, 3), "slo_ms": slo, "plan": plan,
-                    "trace": gamma_trace(rate, 1.0, LIVE_RUN_S, seed + 1)}
+                    "trace": gamma_trace(rate, 1.0, max(LIVE_RUN_S, LIVE_QUERIES / rate), seed + 1)}
     raise SystemExit(f"no load in {LIVE_LOADS} gives a plan within {cores:g} cores for {pipeline.name}")
 
 
