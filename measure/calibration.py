@@ -66,7 +66,7 @@ def calibrate(engine: Any, target: Any, candidates: Sequence[Candidate], levels:
     isolated_s = time.monotonic() - started
     curve = []
     for level in levels:
-        started = time.monotonic()
+        started, disturbed = time.monotonic(), engine.counts["disturbed"]
         results = engine.measure_at(level, target, candidates)
         wall = time.monotonic() - started
         errors = relative_errors(results, reference)
@@ -77,6 +77,7 @@ def calibrate(engine: Any, target: Any, candidates: Sequence[Candidate], levels:
             "error": statistics.median(errors) if errors else None,
             "p90_error": statistics.quantiles(errors, n=10)[-1] if len(errors) >= 2 else None,
             "candidates_per_s": sum(1 for r in results if r.ok) / wall,
+            "timed_again_busy": engine.counts["disturbed"] - disturbed,  # the probe saw a busy machine
             "wall_s": wall,
         })
     good = [p["level"] for p in curve if p["error"] is not None and p["error"] <= error_bound]

@@ -1,4 +1,4 @@
-"""Reference kernels: what calibration times and the benchmarks tune.
+"""Reference kernels: what calibration times and the benchmarks tune, and the quiet-machine probe.
 
 Defined in TE so that they need no model import; sizes are those of real layers.
 """
@@ -35,3 +35,29 @@ def kernel(name: str) -> Any:
     else:
         raise KeyError(f"unknown kernel {name!r}; expected one of: {', '.join(KERNELS)}")
     return tvm.IRModule({"main": te.create_prim_func(args)})
+
+
+PROBE_SIZE = 192  # about 1.5 ms on two of this host's cores, 3 ms on one
+
+
+def probe() -> tuple[Any, tuple[tuple[str, tuple[int, ...]], ...]]:
+    """A fixed, parallel, vectorized matmul and its argument shapes: its time moves only when the machine's does.
+
+    A measurement worker times it before and after each candidate (``measure.timing``): on a shared
+    host, a neighbour can slow a core by 20-100% for seconds at a time, and a candidate timed in such
+    a spell is off by as much, however many times it is repeated.
+    """
+    import tvm
+    from tvm import te
+
+    n = PROBE_SIZE
+    a = te.placeholder((n, n), name="A")
+    b = te.placeholder((n, n), name="B")
+    k = te.reduce_axis((0, n), name="k")
+    c = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([a, b, c]))
+    i, j, kk = sch.get_loops(sch.get_sblock("C"))
+    sch.reorder(i, kk, j)
+    sch.parallel(i)
+    sch.vectorize(j)
+    return sch.mod, (("float32", (n, n)),) * 3

@@ -6,7 +6,9 @@ controller says how many lanes time at once and whether builds may run meanwhile
 idle priority) or are paused for each measurement. After a parallel round, outliers,
 the fastest candidate and a sample are timed again in isolation; their isolated
 values replace the parallel ones, the round's bias is taken off the rest, and the
-error found sets the next round's level.
+error found sets the next round's level. On a CPU slot each timing is bracketed by a
+probe kernel; a candidate timed while the probe ran slow (a neighbour on the host)
+is timed again after a pause, so that values come from a quiet machine.
 
 Faults stay with their candidate: a build or a kernel that crashes, hangs or returns
 garbage kills only its worker, which is replaced on its next job.
@@ -33,8 +35,8 @@ from measure.build import build_candidate
 from measure.dop import DopController, Verification, pick_for_verification
 from measure.engine import Candidate, Measurement, MeasurementEngine
 from measure.slots import DeviceSlot
-from measure.timing import Timing, TimingPolicy, time_candidate
-from measure.workers import Worker, WorkerFault, WorkerGroup, WorkerSetup
+from measure.timing import Probe, Timing, TimingPolicy, time_candidate
+from measure.workers import CallCost, Worker, WorkerFault, WorkerGroup, WorkerSetup
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,7 @@ class ParallelEngine(MeasurementEngine):
         self._lane_pool = ThreadPoolExecutor(len(self._lanes), thread_name_prefix="measure")
         self._dir = tempfile.mkdtemp(prefix="autotune-candidates-")
         self._best: dict[str, float] = {}
+        self._probes: dict[str, Probe | None] = {}
         self._lock = threading.Lock()
         self.counts: Counter[str] = Counter()
         self._starting = self._builders.start() + WorkerGroup(self._lanes).start()
@@ -94,18 +97,19 @@ class ParallelEngine(MeasurementEngine):
         results, paths, timeouts = self._round(target, candidates, level)
         error = None
         if level > 0:
-            error = self._verify(candidates, results, paths)
+            error = self._verify(candidates, results, paths, self._probe(target))
         self._remove(paths)
         self.controller.update(error, timeouts, len(paths))
         return results
 
     def measure_isolated(self, target: Any, device_type: str, candidates: Sequence[Candidate]) -> list[Measurement]:
         built = self._build_all(target, candidates)
+        probe = self._probe(target)
         results: list[Measurement] = []
         for c, (path, err, _) in zip(candidates, built):
             results.append(Measurement(error=f"build: {err}") if path is None else
                            self._time(self._lanes[0], c, path, self.timing.isolated(), isolated=True,
-                                      phase="verification")[0])
+                                      phase="verification", probe=probe)[0])
         self._remove({i: p for i, (p, _, _) in enumerate(built) if p})
         return results
 
@@ -154,6 +158,7 @@ class ParallelEngine(MeasurementEngine):
         results: list[Measurement | None] = [None] * len(candidates)
         paths: dict[int, str] = {}
         builds = {self._build_pool.submit(self._build, target, c): i for i, c in enumerate(candidates)}
+        probe = self._probe(target)
         runs: dict[Future, int] = {}
         build_cpu: dict[int, float] = {}
         for done in as_completed(builds):
@@ -163,7 +168,7 @@ class ParallelEngine(MeasurementEngine):
                 results[i] = Measurement(error=f"build: {err}", cpu_s=build_cpu[i])
                 continue
             paths[i] = path
-            runs[self._lane_pool.submit(self._on_free_lane, lanes, candidates[i], path, level)] = i
+            runs[self._lane_pool.submit(self._on_free_lane, lanes, candidates[i], path, level, probe)] = i
         timeouts = 0
         for done in as_completed(runs):
             measurement, timed_out = done.result()
@@ -188,42 +193,69 @@ class ParallelEngine(MeasurementEngine):
                 self.work["build"].add(builder.last_cost.cpu_s)
             self._free_builders.put(builder)
 
+    def _probe(self, target: Any) -> Probe | None:
+        """The quiet-machine probe built for ``target``, once (none where no slot is a CPU, or if it fails)."""
+        key = str(target)
+        if key not in self._probes:
+            self._probes[key] = None
+            if any(s.kind == "cpu" for s in self.slots):
+                from measure.kernels import probe
+
+                mod, shapes = probe()
+                path, _, _ = self._build(target, Candidate(mod, None, "probe"))
+                self._probes[key] = Probe(path, shapes) if path else None
+        return self._probes[key]
+
     def _build_all(self, target: Any, candidates: Sequence[Candidate]) -> list[tuple[str | None, str | None, float]]:
         return list(self._build_pool.map(lambda c: self._build(target, c), candidates))
 
     def _on_free_lane(self, lanes: queue.Queue[Worker], candidate: Candidate, path: str,
-                      level: int) -> tuple[Measurement, bool]:
+                      level: int, probe: Probe | None) -> tuple[Measurement, bool]:
         lane = lanes.get()
         try:
             return self._time(lane, candidate, path, self.timing, self._best.get(candidate.task),
-                              isolated=level == 0, level=level, phase="measure")
+                              isolated=level == 0, level=level, phase="measure", probe=probe)
         finally:
             lanes.put(lane)
 
     def _time(self, lane: Worker, candidate: Candidate, path: str, policy: TimingPolicy, best: float | None = None,
-              *, isolated: bool, phase: str, level: int = 0) -> tuple[Measurement, bool]:
+              *, isolated: bool, phase: str, level: int = 0, probe: Probe | None = None) -> tuple[Measurement, bool]:
         """Time one built candidate on ``lane`` (``best``: its task's best so far, for early stops).
 
-        Returns the measurement and whether it timed out; its cost goes to ``phase``'s work.
+        A timing the probe found disturbed is taken again after a growing pause (builds go on
+        meanwhile), up to ``policy.quiet_attempts`` times, and the least disturbed one is kept.
+        Returns the measurement and whether it timed out; the cost of every attempt goes to
+        ``phase``'s work.
         """
         slot = self._slot_of(lane)
-        pause = self._builders.paused() if isolated else contextlib.nullcontext()
+        probe = probe if slot.kind == "cpu" else None
+        timings: list[Timing] = []
+        cost = CallCost(0.0, 0.0)
         try:
-            with pause:
-                timing = lane.call(self.timer, (path, slot, candidate.arg_shapes(), policy, best),
-                                   self.limits.run_timeout(level) * (2 if isolated else 1))
+            while True:
+                try:
+                    with self._builders.paused() if isolated else contextlib.nullcontext():
+                        timings.append(lane.call(self.timer, (path, slot, candidate.arg_shapes(), policy, best, probe),
+                                                 self.limits.run_timeout(level) * (2 if isolated else 1)))
+                finally:
+                    cost = CallCost(cost.wall_s + lane.last_cost.wall_s, cost.cpu_s + lane.last_cost.cpu_s)
+                if timings[-1].slowdown <= 1 + policy.quiet_tolerance or len(timings) >= policy.quiet_attempts:
+                    break
+                self.counts["disturbed"] += 1
+                time.sleep(policy.quiet_wait_s * len(timings))
         except WorkerFault as fault:
             self.counts[f"run_{fault.kind}"] += 1
-            return self._costed(Measurement(error=f"run: {fault}", slot=slot.name), lane, phase), fault.kind == "timeout"
+            return self._costed(Measurement(error=f"run: {fault}", slot=slot.name), cost, phase), fault.kind == "timeout"
         finally:
             with self._lock:
-                self.work[phase].add(lane.last_cost.cpu_s, lane.last_cost.wall_s)
+                self.work[phase].add(cost.cpu_s, cost.wall_s)
+        timing = min(timings, key=lambda t: t.slowdown)
         m = self._costed(Measurement(run_secs=tuple(timing.run_secs), slot=slot.name, isolated=isolated,
-                                     at=time.time(), stop=timing.stop), lane, phase)
+                                     at=time.time(), stop=timing.stop), cost, phase)
         if not m.ok:
             self.counts["run_garbage"] += 1
             return self._costed(Measurement(error=f"run: invalid timings {list(timing.run_secs)[:5]}", slot=slot.name),
-                                lane, phase), False
+                                cost, phase), False
         self.counts["measured"] += 1
         self.counts[f"stop_{timing.stop}"] += 1
         with self._lock:
@@ -232,24 +264,24 @@ class ParallelEngine(MeasurementEngine):
         return m, False
 
     @staticmethod
-    def _costed(m: Measurement, lane: Worker, phase: str) -> Measurement:
+    def _costed(m: Measurement, cost: CallCost, phase: str) -> Measurement:
         """``m`` with the device time and CPU time its timing took (tuning measurements only: a re-timing's
         cost belongs to verification, not to the candidate)."""
         if phase != "measure":
             return m
-        return dataclasses.replace(m, device_s=lane.last_cost.wall_s, cpu_s=lane.last_cost.cpu_s)
-
+        return dataclasses.replace(m, device_s=cost.wall_s, cpu_s=cost.cpu_s)
     def _slot_of(self, lane: Worker) -> DeviceSlot:
         return self.slots[self._lanes.index(lane) % len(self.slots)]
 
-    def _verify(self, candidates: Sequence[Candidate], results: list[Measurement], paths: dict[int, str]) -> float | None:
+    def _verify(self, candidates: Sequence[Candidate], results: list[Measurement], paths: dict[int, str],
+                probe: Probe | None) -> float | None:
         """Re-time outliers, the fastest and a sample in isolation; fix the round's values; return its error."""
         parallel = {i: m.latency for i, m in enumerate(results) if m.ok}
         picked = pick_for_verification(parallel, self._rng)
         pairs = []
         for i in picked:
             iso, _ = self._time(self._lanes[0], candidates[i], paths[i], self.timing.isolated(), isolated=True,
-                                phase="verification")
+                                phase="verification", probe=probe)
             if iso.ok:
                 pairs.append((parallel[i], iso.latency))
                 results[i] = dataclasses.replace(iso, device_s=results[i].device_s, cpu_s=results[i].cpu_s)

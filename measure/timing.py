@@ -7,6 +7,13 @@ worker's own stream, never host wall clock around a launch. Repeats stop as soon
 as the 95% confidence interval of the mean is tight, or as soon as the candidate is
 clearly slower than the best of its task, instead of a fixed ``min_repeat_ms``
 for every candidate.
+
+On a CPU slot, a fixed probe kernel is timed just before and just after each
+candidate. On a shared host a neighbour slows a core by 20-100% for seconds at a
+time (1.4x for 7 s is common here); every repeat taken in such a spell is slow
+alike, so no number of repeats removes it. The probe's slowdown against its fastest
+run in this worker says whether the candidate was timed on a quiet machine; the
+engine times it again later when not (``TimingPolicy.quiet_*``).
 """
 
 from __future__ import annotations
@@ -41,6 +48,9 @@ class TimingPolicy:
     slower_than_best: float = 0.2  # stop once even the fastest run is this far behind the task's best
     hopeless: float = 1.5  # a first run this many times the task's best is the only one
     cache_flush: bool = False
+    quiet_tolerance: float = 0.08  # a probe this much slower than its fastest run: the machine is not quiet
+    quiet_attempts: int = 4  # timings of one candidate, at most, while waiting for a quiet machine
+    quiet_wait_s: float = 0.3  # first wait before timing a disturbed candidate again; grows linearly
 
     def isolated(self) -> TimingPolicy:
         """The stricter policy for verification and final ranking."""
@@ -53,6 +63,15 @@ class Timing:
     run_secs: tuple[float, ...]
     stop: str  # "ci", "slower", "hopeless", "repeats" or "time"
     number: int
+    slowdown: float = 1.0  # the probe's, before or after the timing, whichever was worse (1.0: quiet)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A built probe kernel (``measure.kernels.probe``) for the slot's target, and its arguments."""
+
+    path: str
+    arg_shapes: tuple[tuple[str, tuple[int, ...]], ...]
 
 
 def robust_latency(samples: Sequence[float]) -> float:
@@ -88,11 +107,13 @@ _BATCH = 2  # samples per evaluator call after the first ones: each call adds on
 _ARGS: dict[Any, list[Any]] = {}
 _RPC: dict[Any, Any] = {}
 _STREAM: list[Any] = []
+_PROBES: dict[str, list[Any]] = {}  # probe path -> [evaluator, fastest time seen in this worker]
 
 
 def time_candidate(artifact_path: str, slot: DeviceSlot, arg_shapes: tuple[tuple[str, tuple[int, ...]], ...],
-                   policy: TimingPolicy, best_s: float | None) -> Timing:
-    """Load a built candidate on ``slot`` and time it. Runs in a measurement worker."""
+                   policy: TimingPolicy, best_s: float | None, probe: Probe | None = None) -> Timing:
+    """Load a built candidate on ``slot`` and time it, between two probes when given. Runs in a measurement
+    worker."""
     import time
 
     if slot.kind == "rpc":
@@ -115,16 +136,19 @@ def time_candidate(artifact_path: str, slot: DeviceSlot, arg_shapes: tuple[tuple
                                                                repeat=repeat, f_preproc=flush)
             return [float(x) for x in timers[number, repeat](*args).results]
 
+        before = _slowdown(probe, device, slot) if probe else 1.0
         (first,) = run(1, 1)
         if best_s is not None and first > policy.hopeless * best_s:
-            return Timing((first,), "hopeless", 1)
-        number = max(1, math.ceil(policy.min_repeat_s / max(first, 1e-9)))
-        samples: list[float] = [first] if number == 1 else []
-        started = time.perf_counter()
-        while (stop := should_stop(samples, policy, best_s, time.perf_counter() - started)) is None:
-            want = max(policy.min_repeats - len(samples), _BATCH)
-            samples += run(number, min(want, policy.max_repeats - len(samples)))
-        return Timing(tuple(samples), stop, number)
+            samples, stop, number = [first], "hopeless", 1
+        else:
+            number = max(1, math.ceil(policy.min_repeat_s / max(first, 1e-9)))
+            samples = [first] if number == 1 else []
+            started = time.perf_counter()
+            while (stop := should_stop(samples, policy, best_s, time.perf_counter() - started)) is None:
+                want = max(policy.min_repeats - len(samples), _BATCH)
+                samples += run(number, min(want, policy.max_repeats - len(samples)))
+        after = _slowdown(probe, device, slot) if probe else 1.0
+        return Timing(tuple(samples), stop, number, max(before, after))
     except Exception:
         if slot.kind == "rpc":  # the session may be gone: reconnect and re-allocate next time
             _RPC.pop(slot.rpc, None)
@@ -146,6 +170,19 @@ def _arguments(device: Any, arg_shapes: tuple[tuple[str, tuple[int, ...]], ...],
         rng = np.random.default_rng(0)
         _ARGS[key] = [tvm.runtime.tensor(rng.uniform(-1, 1, shape).astype(dtype), device) for dtype, shape in arg_shapes]
     return _ARGS[key]
+
+
+def _slowdown(probe: Probe, device: Any, slot: DeviceSlot) -> float:
+    """The probe's time now over the fastest it has run in this worker (the median of three runs)."""
+    import tvm
+
+    if probe.path not in _PROBES:
+        module = tvm.runtime.load_module(probe.path)
+        _PROBES[probe.path] = [module.time_evaluator(module.entry_name, device, number=1, repeat=3), math.inf]
+    entry = _PROBES[probe.path]
+    now = statistics.median(entry[0](*_arguments(device, probe.arg_shapes, slot)).results)
+    entry[1] = min(entry[1], now)
+    return now / entry[1]
 
 
 def _own_stream(device: Any) -> None:

@@ -1,4 +1,5 @@
-"""Candidates that misbehave, for the engine's fault tests, and a timer that returns garbage."""
+"""Candidates that misbehave, for the engine's fault tests, and timers that return garbage or report a
+busy machine."""
 
 from __future__ import annotations
 
@@ -88,6 +89,30 @@ def flaky_timer(counter_path: str) -> Any:
         return time_candidate(*args)
 
     return timer
+
+
+def busy_machine_timer(counter_path: str, slowdowns: list[float]) -> Any:
+    """A timer whose calls, in turn, report the probe slowdowns in ``slowdowns`` (1.0 past the list), each
+    with a latency of that many milliseconds: which timing the engine kept shows in the value."""
+
+    def timer(*args: Any) -> Timing:
+        with open(counter_path, "a+", encoding="utf-8") as f:
+            f.seek(0)
+            calls = len(f.read())
+            f.write(".")
+        slowdown = slowdowns[calls] if calls < len(slowdowns) else 1.0
+        return Timing((slowdown * 1e-3,) * 3, "ci", 1, slowdown)
+
+    return timer
+
+
+def spin(cores: tuple[int, ...]) -> None:
+    """A neighbour: burn one of ``cores`` until killed."""
+    import os
+
+    os.sched_setaffinity(0, cores)
+    while True:
+        pass
 
 
 def small_matmul() -> Any:

@@ -13,6 +13,7 @@ import pytest
 import tests.fault_kernels as kernels
 from measure.parallel import EngineLimits, ParallelEngine
 from measure.slots import cpu_slots
+from measure.timing import TimingPolicy
 
 cloudpickle.register_pickle_by_value(kernels)  # the workers cannot import tests/
 
@@ -82,6 +83,51 @@ def test_garbage_timings_are_rejected(target):
     finally:
         eng.close()
     assert not result.ok and "invalid timings" in result.error
+
+
+@pytest.mark.parametrize(("slowdowns", "kept_ms", "disturbed"), [
+    ([1.6, 1.3], 1.0, 2),  # timed again until the probe says the machine is quiet
+    ([3.0, 1.5, 2.0, 1.2, 1.0], 1.2, 3),  # never quiet within four attempts: the least disturbed is kept
+])
+def test_a_candidate_timed_on_a_busy_machine_is_timed_again(tmp_path, target, slowdowns, kept_ms, disturbed):
+    eng = ParallelEngine(cpu_slots(1), build_workers=1, timing=TimingPolicy(quiet_wait_s=0.01),
+                         timer=kernels.busy_machine_timer(str(tmp_path / "calls"), slowdowns))
+    try:
+        (result,) = eng.measure(target, "cpu", [kernels.good()])
+    finally:
+        eng.close()
+    assert result.latency == pytest.approx(kept_ms * 1e-3)
+    assert eng.counts["disturbed"] == disturbed
+
+
+def test_the_probe_sees_a_neighbour_on_the_slot_core(target, tmp_path):
+    """A process spinning on the slot's core slows the probe about twofold; a quiet core does not."""
+    import multiprocessing
+
+    from measure.build import build_candidate
+    from measure.kernels import probe
+    from measure.timing import Probe, time_candidate
+
+    (slot,) = cpu_slots(1)[:1]
+    mod, shapes = probe()
+    timed = Probe(build_candidate(mod, target, str(tmp_path)), shapes)
+    good = kernels.good()
+    path = build_candidate(good.mod, target, str(tmp_path))
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, slot.cores)
+    spinner = None
+    try:
+        quiet = [time_candidate(path, slot, good.arg_shapes(), TimingPolicy(), None, timed) for _ in range(3)]
+        spinner = multiprocessing.get_context("spawn").Process(target=kernels.spin, args=(slot.cores,), daemon=True)
+        spinner.start()
+        time.sleep(0.5)
+        busy = time_candidate(path, slot, good.arg_shapes(), TimingPolicy(), None, timed)
+    finally:
+        if spinner is not None:
+            spinner.kill()
+        os.sched_setaffinity(0, allowed)
+    assert min(t.slowdown for t in quiet) < 1.08
+    assert busy.slowdown > 1.3
 
 
 def test_a_build_failure_is_a_recorded_error(engine, target):
