@@ -82,7 +82,8 @@ class ParallelEngine(MeasurementEngine):
         for w in self._builders.workers:
             self._free_builders.put(w)
         self._build_pool = ThreadPoolExecutor(len(self._builders.workers), thread_name_prefix="build")
-        self._lane_pool = ThreadPoolExecutor(len(self._lanes), thread_name_prefix="measure")
+        # threads wait for a free lane; a candidate pausing for a quiet host holds a thread, not a lane
+        self._lane_pool = ThreadPoolExecutor(MEASURE_THREADS, thread_name_prefix="measure")
         self._dir = tempfile.mkdtemp(prefix="autotune-candidates-")
         self._best: dict[str, float] = {}
         self._probes: dict[str, Probe | None] = {}
@@ -108,7 +109,7 @@ class ParallelEngine(MeasurementEngine):
         results: list[Measurement] = []
         for c, (path, err, _) in zip(candidates, built):
             results.append(Measurement(error=f"build: {err}") if path is None else
-                           self._time(self._lanes[0], c, path, self.timing.isolated(), isolated=True,
+                           self._time(self._first_lane(), c, path, self.timing.isolated(), isolated=True,
                                       phase="verification", probe=probe)[0])
         self._remove({i: p for i, (p, _, _) in enumerate(built) if p})
         return results
@@ -157,8 +158,8 @@ class ParallelEngine(MeasurementEngine):
             lanes.put(lane)
         results: list[Measurement | None] = [None] * len(candidates)
         paths: dict[int, str] = {}
-        builds = {self._build_pool.submit(self._build, target, c): i for i, c in enumerate(candidates)}
         probe = self._probe(target)
+        builds = {self._build_pool.submit(self._build, target, c): i for i, c in enumerate(candidates)}
         runs: dict[Future, int] = {}
         build_cpu: dict[int, float] = {}
         for done in as_completed(builds):
@@ -168,7 +169,9 @@ class ParallelEngine(MeasurementEngine):
                 results[i] = Measurement(error=f"build: {err}", cpu_s=build_cpu[i])
                 continue
             paths[i] = path
-            runs[self._lane_pool.submit(self._on_free_lane, lanes, candidates[i], path, level, probe)] = i
+            runs[self._lane_pool.submit(self._time, lanes, candidates[i], path, self.timing,
+                                        self._best.get(candidates[i].task), isolated=level == 0, level=level,
+                                        phase="measure", probe=probe)] = i
         timeouts = 0
         for done in as_completed(runs):
             measurement, timed_out = done.result()
@@ -209,37 +212,42 @@ class ParallelEngine(MeasurementEngine):
     def _build_all(self, target: Any, candidates: Sequence[Candidate]) -> list[tuple[str | None, str | None, float]]:
         return list(self._build_pool.map(lambda c: self._build(target, c), candidates))
 
-    def _on_free_lane(self, lanes: queue.Queue[Worker], candidate: Candidate, path: str,
-                      level: int, probe: Probe | None) -> tuple[Measurement, bool]:
-        lane = lanes.get()
-        try:
-            return self._time(lane, candidate, path, self.timing, self._best.get(candidate.task),
-                              isolated=level == 0, level=level, phase="measure", probe=probe)
-        finally:
-            lanes.put(lane)
+    def _first_lane(self) -> queue.Queue[Worker]:
+        """The first lane alone: where candidates are timed in isolation."""
+        lanes: queue.Queue[Worker] = queue.Queue()
+        lanes.put(self._lanes[0])
+        return lanes
 
-    def _time(self, lane: Worker, candidate: Candidate, path: str, policy: TimingPolicy, best: float | None = None,
-              *, isolated: bool, phase: str, level: int = 0, probe: Probe | None = None) -> tuple[Measurement, bool]:
-        """Time one built candidate on ``lane`` (``best``: its task's best so far, for early stops).
+    def _time(self, lanes: queue.Queue[Worker], candidate: Candidate, path: str, policy: TimingPolicy,
+              best: float | None = None, *, isolated: bool, phase: str, level: int = 0,
+              probe: Probe | None = None) -> tuple[Measurement, bool]:
+        """Time one built candidate on the next free lane (``best``: its task's best so far, for early stops).
 
-        A timing the probe found disturbed is taken again after a growing pause (builds go on
-        meanwhile), up to ``policy.quiet_attempts`` times, and the least disturbed one is kept.
-        Returns the measurement and whether it timed out; the cost of every attempt goes to
-        ``phase``'s work.
+        Timed alone on a CPU slot, the candidate is bracketed by the probe. When the probe says the
+        host is busy, the lane goes back to the queue (other candidates use it) and the candidate is
+        tried again after a growing pause, up to ``policy.quiet_attempts`` times; the least disturbed
+        timing is kept. (Alongside other lanes or builds the probe would see those, which no pause
+        removes: verification deals with them.) Returns the measurement and whether it timed out;
+        the cost of every attempt goes to ``phase``'s work.
         """
-        slot = self._slot_of(lane)
-        probe = probe if slot.kind == "cpu" else None
         timings: list[Timing] = []
         cost = CallCost(0.0, 0.0)
+        slot = self.slots[0]
         try:
             while True:
+                lane = lanes.get()
+                slot = self._slot_of(lane)
+                quiet_check = probe if isolated and slot.kind == "cpu" else None
+                last = quiet_check is None or len(timings) + 1 >= policy.quiet_attempts
                 try:
                     with self._builders.paused() if isolated else contextlib.nullcontext():
-                        timings.append(lane.call(self.timer, (path, slot, candidate.arg_shapes(), policy, best, probe),
+                        timings.append(lane.call(self.timer, (path, slot, candidate.arg_shapes(), policy, best,
+                                                              quiet_check, not last),
                                                  self.limits.run_timeout(level) * (2 if isolated else 1)))
                 finally:
                     cost = CallCost(cost.wall_s + lane.last_cost.wall_s, cost.cpu_s + lane.last_cost.cpu_s)
-                if timings[-1].slowdown <= 1 + policy.quiet_tolerance or len(timings) >= policy.quiet_attempts:
+                    lanes.put(lane)
+                if last or timings[-1].slowdown <= 1 + policy.quiet_tolerance:
                     break
                 self.counts["disturbed"] += 1
                 time.sleep(policy.quiet_wait_s * len(timings))
@@ -249,7 +257,7 @@ class ParallelEngine(MeasurementEngine):
         finally:
             with self._lock:
                 self.work[phase].add(cost.cpu_s, cost.wall_s)
-        timing = min(timings, key=lambda t: t.slowdown)
+        timing = min((t for t in timings if t.run_secs), key=lambda t: t.slowdown)
         m = self._costed(Measurement(run_secs=tuple(timing.run_secs), slot=slot.name, isolated=isolated,
                                      at=time.time(), stop=timing.stop), cost, phase)
         if not m.ok:
@@ -280,7 +288,7 @@ class ParallelEngine(MeasurementEngine):
         picked = pick_for_verification(parallel, self._rng)
         pairs = []
         for i in picked:
-            iso, _ = self._time(self._lanes[0], candidates[i], paths[i], self.timing.isolated(), isolated=True,
+            iso, _ = self._time(self._first_lane(), candidates[i], paths[i], self.timing.isolated(), isolated=True,
                                 phase="verification", probe=probe)
             if iso.ok:
                 pairs.append((parallel[i], iso.latency))
@@ -300,6 +308,9 @@ class ParallelEngine(MeasurementEngine):
         for path in paths.values():
             with contextlib.suppress(OSError):
                 os.remove(path)
+
+
+MEASURE_THREADS = 64  # candidates of a round in flight towards the lanes at once
 
 
 def lanes_per_slot(slots: Sequence[DeviceSlot], limits: EngineLimits) -> int:

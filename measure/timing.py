@@ -61,7 +61,7 @@ class TimingPolicy:
 @dataclass(frozen=True)
 class Timing:
     run_secs: tuple[float, ...]
-    stop: str  # "ci", "slower", "hopeless", "repeats" or "time"
+    stop: str  # "ci", "slower", "hopeless", "repeats", "time", or "busy" (not timed: see ``time_candidate``)
     number: int
     slowdown: float = 1.0  # the probe's, before or after the timing, whichever was worse (1.0: quiet)
 
@@ -111,9 +111,11 @@ _PROBES: dict[str, list[Any]] = {}  # probe path -> [evaluator, fastest time see
 
 
 def time_candidate(artifact_path: str, slot: DeviceSlot, arg_shapes: tuple[tuple[str, tuple[int, ...]], ...],
-                   policy: TimingPolicy, best_s: float | None, probe: Probe | None = None) -> Timing:
+                   policy: TimingPolicy, best_s: float | None, probe: Probe | None = None,
+                   skip_if_busy: bool = False) -> Timing:
     """Load a built candidate on ``slot`` and time it, between two probes when given. Runs in a measurement
-    worker."""
+    worker. ``skip_if_busy``: when the first probe finds the host busy, return at once, untimed (stop
+    "busy"), so that the engine can try again later at the cost of a probe, not of a timing."""
     import time
 
     if slot.kind == "rpc":
@@ -137,6 +139,8 @@ def time_candidate(artifact_path: str, slot: DeviceSlot, arg_shapes: tuple[tuple
             return [float(x) for x in timers[number, repeat](*args).results]
 
         before = _slowdown(probe, device, slot) if probe else 1.0
+        if skip_if_busy and before > 1 + policy.quiet_tolerance:
+            return Timing((), "busy", 0, before)
         (first,) = run(1, 1)
         if best_s is not None and first > policy.hopeless * best_s:
             samples, stop, number = [first], "hopeless", 1

@@ -101,7 +101,8 @@ def test_a_candidate_timed_on_a_busy_machine_is_timed_again(tmp_path, target, sl
 
 
 def test_the_probe_sees_a_neighbour_on_the_slot_core(target, tmp_path):
-    """A process spinning on the slot's core slows the probe about twofold; a quiet core does not."""
+    """A process spinning on the slot's core slows the probe about twofold; a quiet core does not; asked to,
+    the timer then leaves without timing."""
     import multiprocessing
 
     from measure.build import build_candidate
@@ -122,12 +123,14 @@ def test_the_probe_sees_a_neighbour_on_the_slot_core(target, tmp_path):
         spinner.start()
         time.sleep(0.5)
         busy = time_candidate(path, slot, good.arg_shapes(), TimingPolicy(), None, timed)
+        skipped = time_candidate(path, slot, good.arg_shapes(), TimingPolicy(), None, timed, True)
     finally:
         if spinner is not None:
             spinner.kill()
         os.sched_setaffinity(0, allowed)
     assert min(t.slowdown for t in quiet) < 1.08
-    assert busy.slowdown > 1.3
+    assert busy.slowdown > 1.3 and busy.run_secs
+    assert skipped.stop == "busy" and not skipped.run_secs  # told to, it leaves untimed at once
 
 
 def test_a_build_failure_is_a_recorded_error(engine, target):
