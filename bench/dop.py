@@ -58,7 +58,8 @@ def main() -> None:
     lines += ["", "Error: median |value at this level - isolated value| / isolated value over the same candidates. "
               "The chosen level is the highest whose median error is within 5%; the controller starts there. "
               "Timed again (busy): timings repeated because the probe kernel, timed around each, ran more than "
-              "8% slower than its fastest (a neighbour on the host, or this level's own builds and lanes)."]
+              "8% slower than its fastest (a neighbour on the host; probed at level 0 only, where nothing of ours runs "
+              "beside the candidate)."]
     if chosen_in_tuning:
         lines += ["", "Levels the controller used, round by round, in the tuning benchmark: "
                   + "; ".join(f"{k}: {v}" for k, v in chosen_in_tuning.items())]
