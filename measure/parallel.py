@@ -6,9 +6,9 @@ controller says how many lanes time at once and whether builds may run meanwhile
 idle priority) or are paused for each measurement. After a parallel round, outliers,
 the fastest candidate and a sample are timed again in isolation; their isolated
 values replace the parallel ones, the round's bias is taken off the rest, and the
-error found sets the next round's level. On a CPU slot each timing is bracketed by a
-probe kernel; a candidate timed while the probe ran slow (a neighbour on the host)
-is timed again after a pause, so that values come from a quiet machine.
+error found sets the next round's level. A candidate timed alone on a CPU slot is
+bracketed by a probe kernel; one timed while the probe ran slow (a neighbour on the
+host) is tried again after a pause, so that values come from a quiet machine.
 
 Faults stay with their candidate: a build or a kernel that crashes, hangs or returns
 garbage kills only its worker, which is replaced on its next job.
@@ -278,6 +278,7 @@ class ParallelEngine(MeasurementEngine):
         if phase != "measure":
             return m
         return dataclasses.replace(m, device_s=cost.wall_s, cpu_s=cost.cpu_s)
+
     def _slot_of(self, lane: Worker) -> DeviceSlot:
         return self.slots[self._lanes.index(lane) % len(self.slots)]
 

@@ -8,8 +8,8 @@ as the 95% confidence interval of the mean is tight, or as soon as the candidate
 clearly slower than the best of its task, instead of a fixed ``min_repeat_ms``
 for every candidate.
 
-On a CPU slot, a fixed probe kernel is timed just before and just after each
-candidate. On a shared host a neighbour slows a core by 20-100% for seconds at a
+On a CPU slot, when the engine asks (a candidate timed alone), a fixed probe kernel
+is timed just before and just after the candidate. On a shared host a neighbour slows a core by 20-100% for seconds at a
 time (1.4x for 7 s is common here); every repeat taken in such a spell is slow
 alike, so no number of repeats removes it. The probe's slowdown against its fastest
 run in this worker says whether the candidate was timed on a quiet machine; the

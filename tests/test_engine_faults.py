@@ -122,15 +122,17 @@ def test_the_probe_sees_a_neighbour_on_the_slot_core(target, tmp_path):
         spinner = multiprocessing.get_context("spawn").Process(target=kernels.spin, args=(slot.cores,), daemon=True)
         spinner.start()
         time.sleep(0.5)
-        busy = time_candidate(path, slot, good.arg_shapes(), TimingPolicy(), None, timed)
-        skipped = time_candidate(path, slot, good.arg_shapes(), TimingPolicy(), None, timed, True)
+        busy = [time_candidate(path, slot, good.arg_shapes(), TimingPolicy(), None, timed) for _ in range(5)]
+        told = [time_candidate(path, slot, good.arg_shapes(), TimingPolicy(), None, timed, True) for _ in range(5)]
     finally:
         if spinner is not None:
             spinner.kill()
         os.sched_setaffinity(0, allowed)
     assert min(t.slowdown for t in quiet) < 1.08
-    assert busy.slowdown > 1.3 and busy.run_secs
-    assert skipped.stop == "busy" and not skipped.run_secs  # told to, it leaves untimed at once
+    # a probe can fall inside one scheduler slice and miss the neighbour; most do not
+    assert sorted(t.slowdown for t in busy)[2] > 1.3 and all(t.run_secs for t in busy)
+    skipped = [t for t in told if t.stop == "busy"]
+    assert skipped and all(not t.run_secs and t.slowdown > 1.08 for t in skipped)  # untimed, at once
 
 
 def test_a_build_failure_is_a_recorded_error(engine, target):
