@@ -167,3 +167,13 @@ def test_targets_change_while_running_and_bad_targets_are_refused() -> None:
             m.analyst.set_target("a", bad)
     with pytest.raises(UnknownContainer, match="no container named 'zz'"):
         m.analyst.set_target("zz", 10)
+
+
+def test_a_container_that_stops_between_reading_and_resizing_is_left_to_the_restart() -> None:
+    m, host = _manager(DQoES())
+    m.step()
+    before = m.executor.limit("c")
+    host.kill("c")  # after its usage was read, before the new limits are applied
+    assert m.executor.apply({"c": 0.9}) == 0 and m.executor.limit("c") == before
+    m.step()
+    assert host.containers["c"].running and host.containers["c"].spec.cpus == before

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from containers.backends.base import ContainerBackend
+from containers.errors import ContainerError, UnknownContainer
 
 
 @dataclass
@@ -17,12 +18,21 @@ class Executor:
         return self.backend.usage(name)
 
     def apply(self, limits: dict[str, float | None]) -> int:
-        """Set every limit in ``limits`` live; returns how many changed."""
+        """Set every limit in ``limits`` live; returns how many changed.
+
+        A container that stopped since its usage was read is skipped, not an error: the engine
+        refuses to resize it, and the manager's next iteration restarts or drops it.
+        """
         changed = 0
         for name, cpus in limits.items():
             if self.limits.get(name, "unset") == cpus:
                 continue
-            self.backend.resize(name, cpus)
+            try:
+                self.backend.resize(name, cpus)
+            except ContainerError:
+                if self._running(name):
+                    raise
+                continue
             self.limits[name] = cpus
             changed += 1
         self.updates += changed
@@ -30,6 +40,12 @@ class Executor:
 
     def limit(self, name: str) -> float | None:
         return self.limits.get(name)
+
+    def _running(self, name: str) -> bool:
+        try:
+            return self.backend.info(name).running
+        except UnknownContainer:
+            return False
 
     def forget(self, name: str) -> None:
         self.limits.pop(name, None)
