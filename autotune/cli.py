@@ -47,7 +47,8 @@ def tune(
     time_limit: Annotated[Optional[float], typer.Option(help="stop tuning after this many seconds")] = None,
     batch_sizes: Annotated[Optional[str], typer.Option(help="batch sizes to compile, e.g. 1,8 (default B,4B)")] = None,
     input_shape: Annotated[Optional[str], typer.Option(help="override the input shape, e.g. 1,3,224,224")] = None,
-    round_size: Annotated[int, typer.Option(help="candidates per task per round")] = 32,
+    round_size: Annotated[Optional[int], typer.Option(help="candidates per task per round (default: a quarter of "
+                                                            "the task's budget, 8 to 32)")] = None,
     engine: Annotated[str, typer.Option(help="measurement engine: parallel (warm builds, device slots, DoP "
                                              "control) or stock (MetaSchedule's LocalBuilder and LocalRunner)")] = "parallel",
     devices: Annotated[Optional[str], typer.Option(help="where to time candidates: cpu, cuda:N, rpc:HOST:PORT:KEY, "

@@ -28,7 +28,7 @@ class TuneConfig:
     threads: int | None = None
     trials: int | None = None
     time_limit_s: float | None = None
-    round_size: int = 32
+    round_size: int | None = None  # None: a quarter of each task's budget, 8-32
     batch_sizes: tuple[int, ...] | None = None
     input_shape: tuple[int, ...] | None = None
     engine: str = "parallel"

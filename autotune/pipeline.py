@@ -152,7 +152,7 @@ def _tune(config: TuneConfig, prepared: PreparedModel, observer: PipelineObserve
 
 def run_tuning(tasks: list[Any], plan: Any, target_spec: Any, target: Any, work_dir: Path, *,
                engine: Any = "parallel", devices: Sequence[str] | None = None, dop: str = "auto",
-               round_size: int = 32, time_limit_s: float | None = None, seed: int = 0,
+               round_size: int | None = None, time_limit_s: float | None = None, seed: int = 0,
                observer: PipelineObserver | None = None, policies: Policies | None = None,
                warnings: Sequence[str] = ()) -> tuple[TuningSession, Any]:
     """Tune ``tasks`` under ``plan`` with a fresh engine; return the session and the ranked database.

@@ -1,4 +1,4 @@
-"""The tuning session: MetaSchedule's evolutionary search, our budget and our measurement engine.
+"""The tuning session: search rounds (``autotune.search``), our budget and our measurement engine.
 
 The session owns the tuning loop instead of MetaSchedule's task scheduler so that it
 can (1) give every task its own trial budget, (2) stop on a wall-clock limit,
@@ -23,11 +23,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from autotune.budget import share_out
+from autotune.budget import round_size_for, share_out
+from autotune.search import PARENTS, Proposal, TaskSearch, trusts_model
 from autotune.tasks import Task
 from cost_models.candidate_filter import CandidateFilter, MeasureAll, Selection
 from cost_models.energy import EnergyLedger
-from cost_models.latency_model import is_guiding, is_trained, score
+from cost_models.latency_model import is_trained, score
 from cost_models.preemption import NeverPreempt, Preemption, TaskRound
 from cost_models.quality import RankQuality
 from measure.engine import Candidate, Measurement, MeasurementEngine, PhaseWork
@@ -47,6 +48,7 @@ class TaskState:
 
     task: Task
     budget: int
+    round_size: int = 0  # candidates per round, set when the session starts the task
     trials: int = 0
     screened: int = 0
     resumed: int = 0
@@ -70,13 +72,13 @@ class _Plan:
     """One task's part of a round: the proposals to measure, their predicted scores, which were explored."""
 
     state: TaskState
-    ctx: Any
+    search: TaskSearch
     candidates: list[Any]
     hashes: list[int]
     proposal_scores: list[float]  # of every proposal, measured or not
     selection: Selection
     trained: bool  # the proposals were scored by the model
-    guided: bool  # the model guided the search that proposed them
+    kind: str  # how they were proposed (see autotune.search)
 
     @property
     def scores(self) -> list[float]:
@@ -100,8 +102,7 @@ def evolutionary_search(round_size: int) -> Any:
 
     MetaSchedule keeps 512 whatever the round. On 2 cores a round of a ResNet-18 convolution then
     spends 10-12 s sampling and mutating schedules (6.5 s at 256), as long as building and timing
-    the round; while the latency model is young its scores are near random, and evolving more
-    schedules under them buys nothing.
+    the round. It only runs once the latency model is trusted (``autotune.search``).
     """
     from tvm.s_tir.meta_schedule.search_strategy import EvolutionarySearch
 
@@ -118,7 +119,7 @@ class TuningSession:
     engine: MeasurementEngine
     cost_model: Any
     work_dir: str
-    round_size: int = 32
+    round_size: int | None = None  # None: ``round_size_for`` each task's budget
     rerank_share: float = 0.05  # the top 5% of each task's candidates (at least 2, at most 5) are re-timed alone
     time_limit_s: float | None = None
     num_threads: int = 1
@@ -137,6 +138,8 @@ class TuningSession:
     wasted: dict[str, Any] = field(default_factory=lambda: {"measurements": 0, "of": 0, "cpu_s": 0.0, "device_s": 0.0},
                                    init=False)
     _known: dict[str, dict[int, Measurement]] = field(default_factory=dict, init=False)
+    _rounds_by_kind: dict[str, int] = field(default_factory=lambda: {"sampled": 0, "evolved": 0, "guided": 0},
+                                            init=False)
 
     def run(self) -> Any:
         """Tune until every task has used its budget, its search ends, or time runs out; then rank.
@@ -161,8 +164,8 @@ class TuningSession:
                         "tau": self.quality.recent_tau(),
                         "filtering": self.candidate_filter.trusts(is_trained(self.cost_model), self.quality.recent_tau()),
                     })
-        for ctx in contexts.values():
-            ctx.post_tuning()
+        for search in contexts.values():
+            search.ctx.post_tuning()
         if self.observer:
             self.observer.on_phase("re-timing the best candidates in isolation")
         ranked = self._rank(database)
@@ -184,6 +187,7 @@ class TuningSession:
             "preemption": {**self.preemption.report(), "job_stopped": self.stop_reason or None,
                            "tasks_stopped": {s.task.name: s.stopped for s in self.states if s.stopped}},
             "latency_model": self.quality.report(),
+            "search_rounds": dict(self._rounds_by_kind),
         }
 
     @contextmanager
@@ -199,32 +203,34 @@ class TuningSession:
     def _out_of_time(self, started: float) -> bool:
         return self.time_limit_s is not None and time.monotonic() - started >= self.time_limit_s
 
-    def _start_task(self, state: TaskState, database: Any) -> Any:
+    def _start_task(self, state: TaskState, database: Any) -> TaskSearch:
         from tvm.s_tir.meta_schedule import TuneContext
 
+        state.round_size = self.round_size or round_size_for(state.budget)
         ctx = TuneContext(
             mod=state.task.mod,
             target=self.target,
             space_generator="post-order-apply",
-            search_strategy=evolutionary_search(self.round_size),
+            search_strategy=evolutionary_search(state.round_size),
             task_name=state.task.name,
             rand_state=self.seed + self.states.index(state),
             num_threads=self.num_threads,
         )
+        spaces = ctx.generate_design_space()
         ctx.pre_tuning(
             # The session enforces each task's budget; the search's own cap only has to stay out of the way,
             # so that trials handed over from tasks that finish early can be used.
             max_trials=sum(s.budget for s in self.states),
-            num_trials_per_iter=self.round_size,
-            design_spaces=ctx.generate_design_space(),
+            num_trials_per_iter=state.round_size,
+            design_spaces=spaces,
             database=database,
             cost_model=self.cost_model,
         )
-        return ctx
+        return TaskSearch(ctx, spaces, self.seed + self.states.index(state))
 
-    def _round(self, contexts: dict[str, Any], database: Any, log: Any, started: float) -> None:
+    def _round(self, contexts: dict[str, TaskSearch], database: Any, log: Any, started: float) -> None:
         """Ask every live task for candidates, filter them, measure the new ones in one engine call, report back."""
-        plans = [p for p in (self._propose(s, contexts) for s in self.states if s.task.name in contexts) if p]
+        plans = [p for p in (self._propose(s, contexts, database) for s in self.states if s.task.name in contexts) if p]
         fresh: list[Candidate] = []
         for plan in plans:
             known = self._known.setdefault(plan.state.task.name, {})
@@ -235,7 +241,7 @@ class TuningSession:
         engine_s = time.monotonic() - t0
         rounds = []
         for plan in plans:
-            state, ctx = plan.state, plan.ctx
+            state, ctx = plan.state, plan.search.ctx
             best_before = state.best_s
             state.wall_s += engine_s * len(plan.candidates) / max(len(fresh), 1)
             results, latencies, improved = self._collect(plan, measured, database, log, started)
@@ -245,7 +251,7 @@ class TuningSession:
             self.quality.record(state.task.name, plan.scores, latencies, plan.trained)
             self.candidate_filter.observe(plan.proposal_scores, plan.selection,
                                           dict(zip(plan.selection.measure, improved)), plan.trained)
-            rounds.append(TaskRound(state.task.name, best_before, state.best_s, state.proposed, plan.guided))
+            rounds.append(TaskRound(state.task.name, best_before, state.best_s, state.proposed, plan.kind != "sampled"))
             if state.remaining == 0:
                 self._finish(state, contexts)
         decision = self.preemption.after_round(rounds, self.model_latency_s())
@@ -256,30 +262,41 @@ class TuningSession:
                 self._finish(state, contexts)
         self.stop_reason = decision.stop_job
 
-    def _propose(self, state: TaskState, contexts: dict[str, Any]) -> _Plan | None:
+    def _propose(self, state: TaskState, contexts: dict[str, TaskSearch], database: Any) -> _Plan | None:
         """The task's proposals for this round that the filter lets through, with the model's scores."""
         import tvm_ffi
 
-        ctx = contexts[state.task.name]
+        search = contexts[state.task.name]
+        ctx = search.ctx
         t0 = time.monotonic()
-        trained, guided = is_trained(self.cost_model), is_guiding(self.cost_model)
+        trained = is_trained(self.cost_model)
         with self._searching():
-            candidates = list(ctx.generate_measure_candidates() or [])[: state.remaining]
+            proposal: Proposal = search.propose(
+                min(state.round_size, state.remaining), self._parents(state, database), set(self._known[state.task.name]),
+                (lambda cs: score(self.cost_model, ctx, cs)) if trained else None,
+                trained and trusts_model(self.quality.recent_tau()))
+            candidates = proposal.candidates
             scores = score(self.cost_model, ctx, candidates)
         state.wall_s += time.monotonic() - t0
         if not candidates:
             self._finish(state, contexts)
             return None
+        self._rounds_by_kind[proposal.kind] += 1
         selection = self.candidate_filter.select(scores, trained, self.quality.recent_tau())
         state.screened += len(selection.dropped)
         kept = [candidates[i] for i in selection.measure]
-        return _Plan(state, ctx, kept, [tvm_ffi.structural_hash(c.sch.mod) for c in kept], scores, selection, trained,
-                     guided)
+        return _Plan(state, search, kept, [tvm_ffi.structural_hash(c.sch.mod) for c in kept], scores, selection, trained,
+                     proposal.kind)
 
-    def _finish(self, state: TaskState, contexts: dict[str, Any]) -> None:
+    def _parents(self, state: TaskState, database: Any) -> list[tuple[Any, float]]:
+        """The task's best measured schedules (trace, latency), best first: what an evolved round mutates."""
+        top = database.get_top_k(database.commit_workload(state.task.mod), PARENTS)
+        return [(r.trace, _mean(r.run_secs)) for r in top if _mean(r.run_secs) < math.inf]
+
+    def _finish(self, state: TaskState, contexts: dict[str, TaskSearch]) -> None:
         """End a task; trials it did not use go to the tasks still searching, by work share."""
         state.finished = True
-        contexts.pop(state.task.name).post_tuning()
+        contexts.pop(state.task.name).ctx.post_tuning()
         leftover, state.budget = state.remaining, state.proposed
         live = [s for s in self.states if s.task.name in contexts]
         if leftover and live:

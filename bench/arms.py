@@ -145,7 +145,7 @@ def _warm_builder(workers: int) -> Any:
     return WarmBuilder()
 
 
-def autotune(workload: str, trials: int, work_dir: str, *, policies: str = "off", round_size: int = 32,
+def autotune(workload: str, trials: int, work_dir: str, *, policies: str = "off", round_size: int | None = None,
              warm_start: str | None = None) -> dict[str, Any]:
     """Our session (budget split, parallel engine, final ranking) on the same workload and budget.
 
@@ -214,7 +214,7 @@ if __name__ == "__main__":
     parser.add_argument("trials", type=int)
     parser.add_argument("work_dir")
     parser.add_argument("--policies", choices=("off", "trimmer"), default="off")
-    parser.add_argument("--round-size", type=int, default=32)
+    parser.add_argument("--round-size", type=int, default=None)
     parser.add_argument("--warm-start")
     args = parser.parse_args()
     if args.arm == "autotune":

@@ -32,17 +32,16 @@ class CostModelRefused(Exception):
     """A saved model or database that cannot start this job's model; the message says why."""
 
 
-SCORING_SAMPLES = 32  # the filter scores proposals once the model has learned from this many measurements
-WARMUP_SAMPLES = 32  # and the search is guided by it from then on (MetaSchedule waits for 100)
+SCORING_SAMPLES = 32  # proposals are scored once the model has learned from this many measurements
+WARMUP_SAMPLES = 32  # and MetaSchedule's search gets its predictions from then on (its default waits for 100)
 
 
 def create_latency_model(num_cores: int, seed: int = 0, warmup_samples: int = WARMUP_SAMPLES) -> Any:
     """A fresh XGBoost latency model using ``num_cores`` threads for training.
 
-    Until it holds ``warmup_samples`` measurements it returns random scores to the search.
-    A guided round costs more (the search featurises its whole population: ~2.7x the CPU of
-    a random round on a 512x512 matmul), but two rounds of one kernel already rank usefully,
-    and a task's plateau only means something once the search is guided (see ``is_guiding``).
+    Until it holds ``warmup_samples`` measurements it returns random scores to MetaSchedule's
+    search; the session only hands a round to that search once the model ranks fresh candidates
+    well (``autotune.search``), since a guided round featurises its whole population.
     """
     from tvm.s_tir.meta_schedule.cost_model import XGBModel
     from tvm.s_tir.meta_schedule.cost_model.xgb_model import XGBConfig
@@ -61,12 +60,6 @@ def target_key(target: Any) -> str:
     """What a model's measurements are only valid for: the target kind and its CPU or GPU model."""
     attrs = dict(target.attrs)
     return f"{target.kind.name}:{attrs.get('mcpu') or attrs.get('arch') or 'generic'}"
-
-
-def is_guiding(model: Any) -> bool:
-    """Whether the search gets the model's predictions (not random scores) this round."""
-    inner = model._inst
-    return inner.booster is not None and inner.data_size >= inner.num_warmup_samples
 
 
 def is_trained(model: Any) -> bool:

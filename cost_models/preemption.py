@@ -2,8 +2,9 @@
 
 A task whose best has not improved (by more than ``min_improvement``) for more than
 ``task_patience`` rounds in a row stops, once it has had ``min_task_trials``
-proposals; rounds in which the latency model was not yet guiding the search do not
-count (random proposals that fail to improve say nothing about the guided search to come); the session gives its unused trials to the tasks still improving. The
+proposals; a round of random draws does not count (random proposals that fail to improve
+say nothing about the directed rounds to come); the session gives its unused trials to the
+tasks still improving. The
 whole job stops when the model's estimated latency (the sum of weight x task best),
 averaged over a moving window of ``model_window`` rounds, has not improved for more
 than ``model_patience`` windows in a row.
@@ -27,7 +28,7 @@ class TaskRound:
     best_before_s: float
     best_after_s: float
     proposed: int  # proposals so far, measured or dropped
-    guided: bool = True  # the latency model guided the search that proposed them
+    directed: bool = True  # proposed from what was measured (evolved or model-guided), not drawn at random
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ class PlateauPreemption(Preemption):
             improved = r.best_after_s < r.best_before_s * (1 - self.min_improvement)
             if improved:
                 self._plateau[r.task] = 0
-            elif r.guided:
+            elif r.directed:
                 self._plateau[r.task] = self._plateau.get(r.task, 0) + 1
             if self._plateau.get(r.task, 0) > self.task_patience and r.proposed >= self.min_task_trials:
                 stop[r.task] = self.stopped[r.task] = f"no gain in {self._plateau[r.task]} rounds in a row"

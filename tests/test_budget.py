@@ -54,3 +54,9 @@ def test_share_out_hands_out_every_trial_by_share():
 
     parts = share_out(10, [3.0, 1.0, 1.0])
     assert sum(parts) == 10 and parts[0] >= 5 and min(parts) >= 1
+
+
+def test_a_task_gets_four_rounds_of_eight_to_thirty_two_candidates():
+    from autotune.budget import round_size_for
+
+    assert [round_size_for(b) for b in (1, 32, 64, 100, 128, 1000)] == [8, 8, 16, 25, 32, 32]

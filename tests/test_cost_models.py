@@ -265,6 +265,8 @@ def test_filter_and_preemption_in_a_real_session(tmp_path):
     assert report["filter"]["rounds_filtered"] >= 1 and report["filter"]["dropped"] > 0
     assert report["filter"]["explored_measured"] > 0 and report["filter"]["shadow_dropped"] > 0
     assert any(s.stopped.startswith("no gain") for s in session.states)
+    rounds = report["search_rounds"]  # each task starts from random draws, then evolves from what it measured
+    assert rounds["sampled"] >= len(session.states) and rounds["evolved"] > rounds["sampled"]
     assert sum(s.screened for s in session.states) == report["filter"]["dropped"]
     log = [json.loads(line) for line in (tmp_path / "tuning" / "measurements.jsonl").read_text().splitlines()]
     assert len(log) == sum(s.trials for s in session.states) == report["filter"]["measured"]
@@ -292,8 +294,8 @@ def test_policies_and_bill_work_with_the_stock_engine(tmp_path):
     assert session.policies_report()["filter"]["filter"] == "trimmer"
 
 
-def test_rounds_before_the_model_guides_the_search_do_not_count_toward_a_plateau():
+def test_rounds_of_random_draws_do_not_count_toward_a_plateau():
     p = PlateauPreemption(task_patience=0, min_task_trials=0)
-    assert p.after_round([TaskRound("a", 1.0, 1.0, 16, guided=False)], 1.0).stop_tasks == {}
-    assert p.after_round([TaskRound("a", 1.0, 1.0, 32, guided=False)], 1.0).stop_tasks == {}
-    assert "a" in p.after_round([TaskRound("a", 1.0, 1.0, 48, guided=True)], 1.0).stop_tasks
+    assert p.after_round([TaskRound("a", 1.0, 1.0, 16, directed=False)], 1.0).stop_tasks == {}
+    assert p.after_round([TaskRound("a", 1.0, 1.0, 32, directed=False)], 1.0).stop_tasks == {}
+    assert "a" in p.after_round([TaskRound("a", 1.0, 1.0, 48, directed=True)], 1.0).stop_tasks

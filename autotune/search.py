@@ -1,0 +1,139 @@
+"""Where a task's candidates come from each round: random draws, measured-fitness evolution, or the model's search.
+
+MetaSchedule's evolutionary search evolves a population of hundreds of schedules for four
+generations, ranked by the latency model. That pays once the model ranks well. Before, its
+generations are ranked by noise, and on 2 cores they cost a convolution 6-20 s a round, as long
+as building and timing the round. So a task's rounds go:
+
+- ``sampled``: its first round, random draws from the design space (where the search starts anyway);
+- ``evolved``: while the model is not trusted, mutants of the task's best measured schedules
+  (measured latency is the fitness), from a pool four times what the round needs, ordered by the
+  model's score once it is trained (at random before), plus a share of fresh random draws so the
+  search can leave a basin;
+- ``guided``: once the model's rank correlation on candidates it had not seen holds at
+  ``GUIDE_TAU``, MetaSchedule's evolutionary search under the model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+GUIDE_TAU = 0.3  # Kendall tau on fresh candidates from which the model's search is worth its cost
+PARENTS = 8  # best measured schedules of the task that evolved rounds mutate
+POOL_FACTOR = 4  # mutants drawn per mutant measured, for the model to choose from
+EXPLORE_SHARE = 0.25  # of an evolved round: fresh random draws
+DRAW_TRIES = 8  # tries per wanted candidate before a round is left short (a small design space runs dry)
+
+Scorer = Callable[[list[Any]], list[float]]
+
+
+@dataclass
+class Proposal:
+    candidates: list[Any]  # MeasureCandidates
+    kind: str  # "sampled", "evolved" or "guided"
+
+
+class TaskSearch:
+    """One task's proposals. ``ctx`` is its TuneContext, already ``pre_tuning``'d with an evolutionary search."""
+
+    def __init__(self, ctx: Any, design_spaces: Sequence[Any], seed: int) -> None:
+        from tvm.s_tir import Trace
+
+        self.ctx = ctx
+        self._spaces = [Trace(s.trace.simplified(remove_postproc=True).insts, {}) for s in design_spaces]
+        mutators = list(ctx.space_generator.mutator_probs.items())  # Mutator -> FloatImm
+        self._mutators = [m for m, _ in mutators]
+        self._mutator_p = np.array([float(p.value) for _, p in mutators])
+        self._mutator_p /= self._mutator_p.sum()
+        self._postprocs = list(ctx.space_generator.postprocs)
+        self._rng = np.random.default_rng(seed)
+
+    def propose(self, n: int, parents: Sequence[tuple[Any, float]], seen: set[int], scorer: Scorer | None,
+                guided: bool) -> Proposal:
+        """Up to ``n`` candidates not in ``seen`` (structural hashes).
+
+        Args:
+            parents: the task's best measured (trace, latency in seconds), best first.
+            scorer: the trained model's scores, higher is faster; None while it is untrained.
+            guided: the model is trusted: hand the round to MetaSchedule's search.
+        """
+        if guided:  # the search does not know what evolved rounds measured; if it brings nothing new, evolve
+            fresh = [c for c in self.ctx.generate_measure_candidates() or [] if _hash(c) not in seen]
+            if fresh:
+                return Proposal(fresh[:n], "guided")
+        if not parents:
+            return Proposal(self._draw(n, seen, self._sample), "sampled")
+        explore = max(1, round(n * EXPLORE_SHARE)) if n > 1 else 0
+        weights = np.array([parents[0][1] / latency for _, latency in parents])
+        traces = [trace for trace, _ in parents]
+        pool = self._draw(POOL_FACTOR * (n - explore), seen,
+                          lambda: self._mutant(traces[self._rng.choice(len(traces), p=weights / weights.sum())]))
+        if scorer and pool:
+            order = np.argsort(-np.asarray(scorer(pool)), kind="stable")
+        else:
+            order = self._rng.permutation(len(pool))
+        picks = [pool[i] for i in order[: n - explore]]
+        taken = seen | {_hash(c) for c in picks}
+        return Proposal(picks + self._draw(n - len(picks), taken, self._sample), "evolved")
+
+    def _draw(self, n: int, seen: set[int], make: Callable[[], Any | None]) -> list[Any]:
+        """``n`` new candidates from ``make`` (None: a draw that failed), unless the tries run out first."""
+        out: list[Any] = []
+        taken = set(seen)
+        for _ in range(DRAW_TRIES * n):
+            if len(out) == n:
+                break
+            candidate = make()
+            if candidate is not None and (h := _hash(candidate)) not in taken:
+                taken.add(h)
+                out.append(candidate)
+        return out
+
+    def _sample(self) -> Any | None:
+        return self._realize(self._spaces[self._rng.integers(len(self._spaces))])
+
+    def _mutant(self, trace: Any) -> Any | None:
+        from tvm.s_tir.meta_schedule import _ffi_api
+
+        mutator = self._mutators[self._rng.choice(len(self._mutators), p=self._mutator_p)]
+        mutated = _ffi_api.MutatorApply(mutator, trace, self._seed())
+        return None if mutated is None else self._realize(mutated)
+
+    def _realize(self, trace: Any) -> Any | None:
+        """The candidate ``trace`` schedules (its free decisions drawn), post-processed; None if it does not apply.
+
+        As MetaSchedule's own sampler: replay without the old post-processing, then run the
+        post-processors, which reject schedules the target cannot run.
+        """
+        from tvm.s_tir import Schedule
+        from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+        from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate
+
+        sch = Schedule(self.ctx.mod, seed=self._seed(), error_render_level="none")
+        try:
+            trace.apply_to_schedule(sch, remove_postproc=True)
+            sch.enter_postproc()
+            if not all(p.apply(sch) for p in self._postprocs):
+                return None
+        except (RuntimeError, ValueError):  # TVM's schedule and check errors: a draw that failed
+            return None
+        return MeasureCandidate(sch, ArgInfo.from_entry_func(sch.mod, remove_preproc=True))
+
+    def _seed(self) -> int:
+        return int(self._rng.integers(1, 2**31 - 1))
+
+
+def trusts_model(recent_tau: float | None) -> bool:
+    """Whether the model has ranked fresh candidates well enough to guide the search."""
+    return recent_tau is not None and not math.isnan(recent_tau) and recent_tau >= GUIDE_TAU
+
+
+def _hash(candidate: Any) -> int:
+    import tvm_ffi
+
+    return tvm_ffi.structural_hash(candidate.sch.mod)

@@ -1,0 +1,81 @@
+"""Where a task's candidates come from: random draws, mutants of the measured best, the model's search."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from autotune.search import EXPLORE_SHARE, GUIDE_TAU, POOL_FACTOR, TaskSearch, trusts_model
+
+
+@pytest.fixture(scope="module")
+def search():
+    """A 512x512 matmul's search on the host CPU, pre-tuned as the session does."""
+    from measure.kernels import kernel
+    from measure.tvm_import import import_meta_schedule
+
+    ms = import_meta_schedule()
+    import tvm
+
+    ctx = ms.TuneContext(mod=kernel("matmul512"), target=tvm.target.Target({"kind": "llvm", "num-cores": 2}),
+                         space_generator="post-order-apply", search_strategy="evolutionary", task_name="mm",
+                         rand_state=0, num_threads=1)
+    spaces = ctx.generate_design_space()
+    ctx.pre_tuning(max_trials=64, num_trials_per_iter=8, design_spaces=spaces,
+                   database=ms.database.MemoryDatabase(), cost_model=ms.cost_model.RandomModel())
+    yield TaskSearch(ctx, spaces, seed=0)
+    ctx.post_tuning()
+
+
+def _hash(c) -> int:
+    import tvm_ffi
+
+    return tvm_ffi.structural_hash(c.sch.mod)
+
+
+def _decisions(c) -> set[str]:
+    """The sampling lines of a candidate's trace, decisions included."""
+    return {line for line in c.sch.trace.as_python() if "sample" in line}
+
+
+def test_a_first_round_is_distinct_random_draws_none_already_seen(search):
+    first = search.propose(8, [], set(), None, guided=False)
+    assert first.kind == "sampled" and len(first.candidates) == 8
+    seen = {_hash(c) for c in first.candidates}
+    assert len(seen) == 8
+    again = search.propose(8, [], seen, None, guided=False)
+    assert not seen & {_hash(c) for c in again.candidates}
+
+
+def test_an_evolved_round_mutates_the_best_and_takes_the_models_favourites(search):
+    parent = search.propose(1, [], set(), None, guided=False).candidates[0]
+    pools = []
+
+    def scorer(candidates):
+        pools.append(candidates)
+        return [float(_hash(c) % 1000) for c in candidates]
+
+    n = 8
+    explore = round(n * EXPLORE_SHARE)
+    evolved = search.propose(n, [(parent.sch.trace, 1e-3)], {_hash(parent)}, scorer, guided=False)
+    assert evolved.kind == "evolved" and len(evolved.candidates) == n
+    assert _hash(parent) not in {_hash(c) for c in evolved.candidates}
+    (pool,) = pools
+    assert len(pool) == POOL_FACTOR * (n - explore)
+    favourites = sorted(pool, key=lambda c: -(_hash(c) % 1000))[: n - explore]
+    assert [_hash(c) for c in evolved.candidates[: n - explore]] == [_hash(c) for c in favourites]
+    # a mutant keeps most of its parent's decisions; a fresh draw (the exploration share) keeps fewer
+    kept = [len(_decisions(c) & _decisions(parent)) / len(_decisions(parent)) for c in evolved.candidates]
+    assert min(kept[: n - explore]) >= 0.5 and sum(kept[: n - explore]) / (n - explore) > max(kept[n - explore:])
+
+
+def test_a_trusted_model_hands_the_round_to_metaschedules_search(search):
+    guided = search.propose(8, [], set(), None, guided=True)
+    assert guided.kind == "guided" and 0 < len(guided.candidates) <= 8
+
+
+@pytest.mark.parametrize("tau, trusted", [(None, False), (math.nan, False), (GUIDE_TAU - 0.01, False),
+                                          (GUIDE_TAU, True), (0.9, True)])
+def test_the_model_is_trusted_from_its_rank_correlation_on_fresh_candidates(tau, trusted):
+    assert trusts_model(tau) is trusted
