@@ -155,16 +155,16 @@ class TuningSession:
         self._load_known(database)
         if self.observer:
             self.observer.on_tuning_start(self.states, self.warning)
-        contexts = {s.task.name: self._start_task(s, database) for s in self.states if s.remaining > 0}
+        searches = {s.task.name: self._start_task(s, database) for s in self.states if s.remaining > 0}
         with open(os.path.join(self.work_dir, MEASUREMENTS_LOG), "a", encoding="utf-8") as log:
-            while contexts and not self._out_of_time(started) and not self.stop_reason:
-                self._round(contexts, database, log, started)
+            while searches and not self._out_of_time(started) and not self.stop_reason:
+                self._round(searches, database, log, started)
                 if self.observer:
                     self.observer.on_round_end(self.states, time.monotonic() - started, {
                         "tau": self.quality.recent_tau(),
                         "filtering": self.candidate_filter.trusts(is_trained(self.cost_model), self.quality.recent_tau()),
                     })
-        for search in contexts.values():
+        for search in searches.values():
             search.ctx.post_tuning()
         if self.observer:
             self.observer.on_phase("re-timing the best candidates in isolation")
@@ -228,9 +228,9 @@ class TuningSession:
         )
         return TaskSearch(ctx, spaces, self.seed + self.states.index(state))
 
-    def _round(self, contexts: dict[str, TaskSearch], database: Any, log: Any, started: float) -> None:
+    def _round(self, searches: dict[str, TaskSearch], database: Any, log: Any, started: float) -> None:
         """Ask every live task for candidates, filter them, measure the new ones in one engine call, report back."""
-        plans = [p for p in (self._propose(s, contexts, database) for s in self.states if s.task.name in contexts) if p]
+        plans = [p for p in (self._propose(s, searches, database) for s in self.states if s.task.name in searches) if p]
         fresh: list[Candidate] = []
         for plan in plans:
             known = self._known.setdefault(plan.state.task.name, {})
@@ -253,52 +253,52 @@ class TuningSession:
                                           dict(zip(plan.selection.measure, improved)), plan.trained)
             rounds.append(TaskRound(state.task.name, best_before, state.best_s, state.proposed, plan.kind != "sampled"))
             if state.remaining == 0:
-                self._finish(state, contexts)
+                self._finish(state, searches)
         decision = self.preemption.after_round(rounds, self.model_latency_s())
         for state in self.states:
             why = decision.stop_tasks.get(state.task.name) or decision.stop_job
-            if why and state.task.name in contexts:
+            if why and state.task.name in searches:
                 state.stopped = why
-                self._finish(state, contexts)
+                self._finish(state, searches)
         self.stop_reason = decision.stop_job
 
-    def _propose(self, state: TaskState, contexts: dict[str, TaskSearch], database: Any) -> _Plan | None:
+    def _propose(self, state: TaskState, searches: dict[str, TaskSearch], database: Any) -> _Plan | None:
         """The task's proposals for this round that the filter lets through, with the model's scores."""
         import tvm_ffi
 
-        search = contexts[state.task.name]
+        search = searches[state.task.name]
         ctx = search.ctx
         t0 = time.monotonic()
         trained = is_trained(self.cost_model)
         with self._searching():
             proposal: Proposal = search.propose(
-                min(state.round_size, state.remaining), self._parents(state, database), set(self._known[state.task.name]),
-                (lambda cs: score(self.cost_model, ctx, cs)) if trained else None,
+                min(state.round_size, state.remaining), self._parents(state, database),
+                set(self._known[state.task.name]), (lambda cs: score(self.cost_model, ctx, cs)) if trained else None,
                 trained and trusts_model(self.quality.recent_tau()))
             candidates = proposal.candidates
             scores = score(self.cost_model, ctx, candidates)
         state.wall_s += time.monotonic() - t0
         if not candidates:
-            self._finish(state, contexts)
+            self._finish(state, searches)
             return None
         self._rounds_by_kind[proposal.kind] += 1
         selection = self.candidate_filter.select(scores, trained, self.quality.recent_tau())
         state.screened += len(selection.dropped)
         kept = [candidates[i] for i in selection.measure]
-        return _Plan(state, search, kept, [tvm_ffi.structural_hash(c.sch.mod) for c in kept], scores, selection, trained,
-                     proposal.kind)
+        return _Plan(state, search, kept, [tvm_ffi.structural_hash(c.sch.mod) for c in kept], scores, selection,
+                     trained, proposal.kind)
 
     def _parents(self, state: TaskState, database: Any) -> list[tuple[Any, float]]:
         """The task's best measured schedules (trace, latency), best first: what an evolved round mutates."""
         top = database.get_top_k(database.commit_workload(state.task.mod), PARENTS)
         return [(r.trace, _mean(r.run_secs)) for r in top if _mean(r.run_secs) < math.inf]
 
-    def _finish(self, state: TaskState, contexts: dict[str, TaskSearch]) -> None:
+    def _finish(self, state: TaskState, searches: dict[str, TaskSearch]) -> None:
         """End a task; trials it did not use go to the tasks still searching, by work share."""
         state.finished = True
-        contexts.pop(state.task.name).ctx.post_tuning()
+        searches.pop(state.task.name).ctx.post_tuning()
         leftover, state.budget = state.remaining, state.proposed
-        live = [s for s in self.states if s.task.name in contexts]
+        live = [s for s in self.states if s.task.name in searches]
         if leftover and live:
             for s, extra in zip(live, share_out(leftover, [s.task.share for s in live])):
                 s.budget += extra

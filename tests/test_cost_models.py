@@ -265,8 +265,10 @@ def test_filter_and_preemption_in_a_real_session(tmp_path):
     assert report["filter"]["rounds_filtered"] >= 1 and report["filter"]["dropped"] > 0
     assert report["filter"]["explored_measured"] > 0 and report["filter"]["shadow_dropped"] > 0
     assert any(s.stopped.startswith("no gain") for s in session.states)
-    rounds = report["search_rounds"]  # each task starts from random draws, then evolves from what it measured
-    assert rounds["sampled"] >= len(session.states) and rounds["evolved"] > rounds["sampled"]
+    # each task starts from random draws and evolves from what it measured; its second round always
+    # evolves (the model's rank correlation is only known once that round is measured)
+    rounds = report["search_rounds"]
+    assert rounds["sampled"] >= len(session.states) and rounds["evolved"] >= 1
     assert sum(s.screened for s in session.states) == report["filter"]["dropped"]
     log = [json.loads(line) for line in (tmp_path / "tuning" / "measurements.jsonl").read_text().splitlines()]
     assert len(log) == sum(s.trials for s in session.states) == report["filter"]["measured"]
