@@ -181,12 +181,12 @@ class ParallelEngine(MeasurementEngine):
         assert all(r is not None for r in results)
         return results, paths, timeouts  # type: ignore[return-value]
 
-    def _build(self, target: Any, candidate: Candidate) -> tuple[str | None, str | None, float]:
-        """(library path or None, build error or None, the build's CPU-seconds)."""
+    def _build(self, target: Any, candidate: Candidate, counted: bool = True) -> tuple[str | None, str | None, float]:
+        """(library path or None, build error or None, the build's CPU-seconds); ``counted``: a candidate's build."""
         builder = self._free_builders.get()
         try:
             path = builder.call(build_candidate, (candidate.mod, target, self._dir), self.limits.build_timeout_s)
-            self.counts["built"] += 1
+            self.counts["built"] += counted
             return path, None, builder.last_cost.cpu_s
         except WorkerFault as fault:
             self.counts[f"build_{fault.kind}"] += 1
@@ -205,7 +205,7 @@ class ParallelEngine(MeasurementEngine):
                 from measure.kernels import probe
 
                 mod, shapes = probe()
-                path, _, _ = self._build(target, Candidate(mod, None, "probe"))
+                path, _, _ = self._build(target, Candidate(mod, None, "probe"), counted=False)
                 self._probes[key] = Probe(path, shapes) if path else None
         return self._probes[key]
 

@@ -116,7 +116,10 @@ class Worker:
         Time spent paused does not count against ``timeout_s``.
         """
         with self._lock:
-            self.start()
+            try:
+                self.start()
+            except ChildProcessError:  # killed while it was being replaced: a crash like any other
+                raise self._crash(self._popen._proc, "while starting ") from None
             cpu_before, wall_before = _cpu_seconds(self.pid), time.monotonic()
             self._popen.send(fn, tuple(args))
             proc = self._popen._proc
@@ -128,13 +131,16 @@ class Worker:
             try:
                 return self._popen.recv()
             except ChildProcessError:
-                code = proc.poll() if proc is not None else None
-                self.replaced += 1
-                raise WorkerFault("crash", f"worker died ({_describe_exit(code)})") from None
+                raise self._crash(proc) from None
             except (WorkerFault, TimeoutError):
                 raise
             except Exception as err:  # the job raised inside the child: the worker is fine
                 raise WorkerFault("error", _one_line(err)) from None
+
+    def _crash(self, proc: Any, when: str = "") -> WorkerFault:
+        """The fault for a child that died; the next call starts a fresh one."""
+        self.replaced += 1
+        return WorkerFault("crash", f"worker died {when}({_describe_exit(proc.poll() if proc is not None else None)})")
 
     def _wait_readable(self, timeout_s: float) -> None:
         reader = self._popen._reader
