@@ -2,8 +2,8 @@
 
 After DOPpler (TPDS 2023). Parallel timings are checked after every round: outliers
 (modified z-score over the round's log latencies, MAD constant 0.6745, threshold 3),
-the round's fastest candidate and a random sample (at least 20% of the round) are
-timed again in isolation. The mean relative difference is the round's error. The
+the contenders for the round's best (its fastest and up to three within 15% of it)
+and a random sample (at least 20% of the round) are timed again in isolation. The mean relative difference is the round's error. The
 controller works like congestion control: it starts low, grows while the error
 stays under the bound (5%) and few measurements time out, and on a bad round
 remembers a ceiling and cuts the level multiplicatively (b = 0.2).
@@ -56,7 +56,7 @@ class DopController:
             self.history.append({"level": level, "error": error, "timeouts": timeouts, "measured": measured,
                                  "next_level": level})
             return level
-        bad = (error is not None and error > self.error_bound) or timeouts > self.timeout_bound * max(measured, 1)
+        bad = self.too_far(error) or timeouts > self.timeout_bound * max(measured, 1)
         if bad:
             self.ceiling = level * (2 - self.backoff) / 2
             self.level = math.floor(level * (1 - self.backoff))
@@ -67,6 +67,10 @@ class DopController:
         self.history.append({"level": level, "error": error, "timeouts": timeouts, "measured": measured,
                              "next_level": self.level})
         return self.level
+
+    def too_far(self, error: float | None) -> bool:
+        """A verified error past the bound: the round's parallel values cannot be kept."""
+        return error is not None and error > self.error_bound
 
     def _grow(self, level: int) -> int:
         if self.ceiling is None:  # slow start: double
@@ -97,14 +101,17 @@ def modified_z_scores(values: Sequence[float]) -> list[float]:
 
 
 def pick_for_verification(latencies: dict[int, float], rng: random.Random, share: float = 0.2,
-                          threshold: float = 3.0) -> list[int]:
-    """Candidates (by index) to time again in isolation: outliers, the fastest, and a sample."""
+                          threshold: float = 3.0, contenders: float = 0.15, max_contenders: int = 4) -> list[int]:
+    """Candidates (by index) to time again in isolation: outliers, the contenders for the round's best
+    (the fastest and, up to ``max_contenders`` in all, those within ``contenders`` of it: a parallel
+    value that far off can hide the true best), and a random sample up to ``share`` of the round."""
     keys = list(latencies)
     if not keys:
         return []
     logs = [math.log(latencies[k]) for k in keys]
     chosen = {k for k, z in zip(keys, modified_z_scores(logs)) if abs(z) > threshold}
-    chosen.add(min(keys, key=latencies.__getitem__))
+    ranked = sorted(keys, key=latencies.__getitem__)
+    chosen.update(k for k in ranked[:max_contenders] if latencies[k] <= latencies[ranked[0]] * (1 + contenders))
     want = max(len(chosen), math.ceil(share * len(keys)))
     rest = [k for k in keys if k not in chosen]
     chosen.update(rng.sample(rest, min(len(rest), want - len(chosen))))

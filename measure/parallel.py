@@ -5,8 +5,10 @@ measurement lane as soon as its library exists, while the rest still build. The 
 controller says how many lanes time at once and whether builds may run meanwhile (at
 idle priority) or are paused for each measurement. After a parallel round, outliers,
 the fastest candidate and a sample are timed again in isolation; their isolated
-values replace the parallel ones, the round's bias is taken off the rest, and the
-error found sets the next round's level. A candidate timed alone on a CPU slot is
+values replace the parallel ones, the round's bias is taken off the rest (or, when
+the error is past the controller's bound, the rest are timed alone as well: the
+level costs the round its speed, never its truth), and the error found sets the
+next round's level. A candidate timed alone on a CPU slot is
 bracketed by a probe kernel; one timed while the probe ran slow (a neighbour on the
 host) is tried again after a pause, so that values come from a quiet machine.
 
@@ -298,7 +300,18 @@ class ParallelEngine(MeasurementEngine):
         if not pairs:
             return None
         check = Verification.compare(pairs)
-        for i in parallel.keys() - set(picked):
+        rest = sorted(parallel.keys() - set(picked))
+        if self.controller.too_far(check.error):
+            # the round's parallel values are known wrong: time the rest as a level-0 round would have
+            self.counts["rounds_retimed"] += 1
+            for i in rest:
+                alone, _ = self._time(self._first_lane(), candidates[i], paths[i], self.timing,
+                                      self._best.get(candidates[i].task), isolated=True, phase="verification",
+                                      probe=probe)
+                if alone.ok:
+                    results[i] = dataclasses.replace(alone, device_s=results[i].device_s, cpu_s=results[i].cpu_s)
+            return check.error
+        for i in rest:
             m = results[i]
             results[i] = dataclasses.replace(m, run_secs=tuple(check.corrected(s) for s in m.run_secs or ()))
         return check.error

@@ -3,10 +3,18 @@
 The runtime's own timer does the timing: on a CPU, ``time_evaluator`` with the
 worker pinned to its slot's cores (optionally flushing caches between runs); on a
 GPU, the same call on a CUDA device, which TVM times with CUDA events on the
-worker's own stream, never host wall clock around a launch. Repeats stop as soon
-as the 95% confidence interval of the mean is tight, or as soon as the candidate is
-clearly slower than the best of its task, instead of a fixed ``min_repeat_ms``
-for every candidate.
+worker's own stream, never host wall clock around a launch.
+
+A candidate's latency is the fastest of its runs (each run long enough to time
+well), not their mean or median: on a shared host interference only ever adds
+time, in bursts shorter than a second, so the fastest run is the one closest to
+the kernel's own time (Chen and Revels, "Robust benchmarking in noisy
+environments", 2016). Measured here in a busy hour, two timings of the same
+candidates far apart differed by 5.0% (median) with the median of 3-12 runs and
+by 2.3% with the fastest, at the same number of runs. Repeats stop as soon as the
+fastest run is confirmed (enough runs within a small share of it), or as soon as
+the candidate is clearly slower than the best of its task, instead of a fixed
+``min_repeat_ms`` for every candidate.
 
 On a CPU slot, when the engine asks (a candidate timed alone), a fixed probe kernel
 is timed just before and just after the candidate. On a shared host a neighbour slows a core by 20-100% for seconds at a
@@ -27,26 +35,17 @@ from typing import Any
 
 from measure.slots import DeviceSlot
 
-# Two-sided 95% Student t quantiles by degrees of freedom; 1.96 beyond the table.
-_T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23,
-        12: 2.18, 15: 2.13, 20: 2.09, 30: 2.04, 60: 2.00}
-
-
-def t95(df: int) -> float:
-    return _T95[max(k for k in _T95 if k <= df)] if df < 120 else 1.96
-
-
 @dataclass(frozen=True)
 class TimingPolicy:
     """When to stop repeating a measurement."""
 
     min_repeats: int = 3
     max_repeats: int = 12
-    rel_ci: float = 0.03  # stop once the 95% CI half-width of the median is within this share of it
+    agree: float = 0.03  # runs within this share of the fastest one confirm it ...
+    confirmations: int = 3  # ... and this many (the fastest included) end the timing
     min_repeat_s: float = 0.002  # each repeat runs the kernel often enough to last this long
     max_seconds: float = 0.5  # timing budget per candidate, warm-up excluded
     slower_than_best: float = 0.2  # stop once even the fastest run is this far behind the task's best
-    hopeless: float = 1.5  # a first run this many times the task's best is the only one
     cache_flush: bool = False
     quiet_tolerance: float = 0.08  # a probe this much slower than its fastest run: the machine is not quiet
     quiet_attempts: int = 4  # timings of one candidate, at most, while waiting for a quiet machine
@@ -54,14 +53,15 @@ class TimingPolicy:
 
     def isolated(self) -> TimingPolicy:
         """The stricter policy for verification and final ranking."""
-        return replace(self, min_repeats=5, max_repeats=30, rel_ci=self.rel_ci / 2,
-                       max_seconds=self.max_seconds * 2, slower_than_best=math.inf, hopeless=math.inf)
+        return replace(self, min_repeats=5, max_repeats=30, agree=self.agree * 2 / 3,
+                       confirmations=self.confirmations + 1, max_seconds=self.max_seconds * 2,
+                       slower_than_best=math.inf)
 
 
 @dataclass(frozen=True)
 class Timing:
     run_secs: tuple[float, ...]
-    stop: str  # "ci", "slower", "hopeless", "repeats", "time", or "busy" (not timed: see ``time_candidate``)
+    stop: str  # "confirmed", "slower", "repeats", "time", or "busy" (not timed: see ``time_candidate``)
     number: int
     slowdown: float = 1.0  # the probe's, before or after the timing, whichever was worse (1.0: quiet)
 
@@ -74,17 +74,9 @@ class Probe:
     arg_shapes: tuple[tuple[str, tuple[int, ...]], ...]
 
 
-def robust_latency(samples: Sequence[float]) -> float:
-    """The median: on a shared host, interference only ever adds time, in bursts."""
-    return statistics.median(samples)
-
-
-def median_half_width(samples: Sequence[float]) -> float:
-    """95% half-width of the median, from the MAD (robust to the bursts the mean is not)."""
-    n = len(samples)
-    med = statistics.median(samples)
-    spread = 1.4826 * statistics.median(abs(s - med) for s in samples)
-    return t95(n - 1) * 1.2533 * spread / math.sqrt(n)
+def fastest(samples: Sequence[float]) -> float:
+    """A timing's latency: its fastest run (interference only ever adds time)."""
+    return min(samples)
 
 
 def should_stop(samples: list[float], policy: TimingPolicy, best_s: float | None, spent_s: float) -> str | None:
@@ -98,8 +90,8 @@ def should_stop(samples: list[float], policy: TimingPolicy, best_s: float | None
         return "slower"  # even its fastest run is clearly behind the task's best
     if n < policy.min_repeats:
         return None
-    if median_half_width(samples) <= policy.rel_ci * robust_latency(samples):
-        return "ci"
+    if sum(s <= fastest(samples) * (1 + policy.agree) for s in samples) >= policy.confirmations:
+        return "confirmed"
     return None
 
 
@@ -142,15 +134,12 @@ def time_candidate(artifact_path: str, slot: DeviceSlot, arg_shapes: tuple[tuple
         if skip_if_busy and before > 1 + policy.quiet_tolerance:
             return Timing((), "busy", 0, before)
         (first,) = run(1, 1)
-        if best_s is not None and first > policy.hopeless * best_s:
-            samples, stop, number = [first], "hopeless", 1
-        else:
-            number = max(1, math.ceil(policy.min_repeat_s / max(first, 1e-9)))
-            samples = [first] if number == 1 else []
-            started = time.perf_counter()
-            while (stop := should_stop(samples, policy, best_s, time.perf_counter() - started)) is None:
-                want = max(policy.min_repeats - len(samples), _BATCH)
-                samples += run(number, min(want, policy.max_repeats - len(samples)))
+        number = max(1, math.ceil(policy.min_repeat_s / max(first, 1e-9)))
+        samples = [first] if number == 1 else []
+        started = time.perf_counter()
+        while (stop := should_stop(samples, policy, best_s, time.perf_counter() - started)) is None:
+            want = max(policy.min_repeats - len(samples), _BATCH)
+            samples += run(number, min(want, policy.max_repeats - len(samples)))
         after = _slowdown(probe, device, slot) if probe else 1.0
         return Timing(tuple(samples), stop, number, max(before, after))
     except Exception:

@@ -85,7 +85,7 @@ def flaky_timer(counter_path: str) -> Any:
         if calls % 3 == 0:
             os.kill(os.getpid(), signal.SIGSEGV)
         if calls % 3 == 1:
-            return Timing((math.nan,), "ci", 1)
+            return Timing((math.nan,), "confirmed", 1)
         return time_candidate(*args)
 
     return timer
@@ -101,7 +101,17 @@ def busy_machine_timer(counter_path: str, slowdowns: list[float]) -> Any:
             calls = len(f.read())
             f.write(".")
         slowdown = slowdowns[calls] if calls < len(slowdowns) else 1.0
-        return Timing((slowdown * 1e-3,) * 3, "ci", 1, slowdown)
+        return Timing((slowdown * 1e-3,) * 3, "confirmed", 1, slowdown)
+
+    return timer
+
+
+def contended_timer(parallel_ms: float, alone_ms: float) -> Any:
+    """A timer that reports ``parallel_ms`` for a candidate timed beside others and ``alone_ms`` for one timed
+    alone (the engine hands the quiet-machine probe to timings alone only)."""
+
+    def timer(path: str, slot: Any, shapes: Any, policy: Any, best: Any, probe: Any, skip_if_busy: bool) -> Timing:
+        return Timing(((alone_ms if probe is not None else parallel_ms) * 1e-3,) * 3, "confirmed", 1)
 
     return timer
 

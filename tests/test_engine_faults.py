@@ -100,6 +100,24 @@ def test_a_candidate_timed_on_a_busy_machine_is_timed_again(tmp_path, target, sl
     assert eng.counts["disturbed"] == disturbed
 
 
+@pytest.mark.parametrize(("parallel_ms", "retimed"), [(1.02, False), (2.0, True)])
+def test_a_round_whose_parallel_values_are_too_far_off_is_timed_alone(target, parallel_ms, retimed):
+    """2% off: the sample's values replace theirs and the rest lose the bias; 100% off (past the 5% bound):
+    every candidate of the round is timed again alone, and the controller steps down."""
+    from measure.dop import DopController
+
+    eng = ParallelEngine(cpu_slots(1), build_workers=1, controller=DopController(max_level=2, level=1),
+                         timer=kernels.contended_timer(parallel_ms, 1.0))
+    try:
+        results = eng.measure(target, "cpu", [kernels.good(64 + 16 * i) for i in range(6)])
+    finally:
+        eng.close()
+    assert eng.counts["rounds_retimed"] == retimed
+    values = sorted(m.latency * 1e3 for m in results)
+    assert values == pytest.approx([1.0] * 6)  # timed alone, or corrected by the 2% the sample showed
+    assert eng.controller.level == (0 if retimed else 2)
+
+
 def test_the_probe_sees_a_neighbour_on_the_slot_core(target, tmp_path):
     """A process spinning on the slot's core slows the probe about twofold; a quiet core does not; asked to,
     the timer then leaves without timing."""

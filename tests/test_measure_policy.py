@@ -11,14 +11,23 @@ from measure.dop import DopController, Verification, modified_z_scores, pick_for
 from measure.timing import TimingPolicy, should_stop
 
 
-def test_repeats_stop_when_the_median_is_tight():
-    policy = TimingPolicy(min_repeats=3, rel_ci=0.03)
+def test_repeats_stop_when_the_fastest_run_is_confirmed():
+    policy = TimingPolicy(min_repeats=3, agree=0.03, confirmations=3)
     assert should_stop([1.0, 1.001], policy, None, 0.0) is None  # below the minimum
-    assert should_stop([1.0, 1.001, 0.999, 1.0], policy, None, 0.0) == "ci"
-    noisy = [1.0, 1.6, 0.7, 1.4, 0.8]
-    assert should_stop(noisy, policy, None, 0.0) is None
-    assert should_stop(noisy, policy, None, policy.max_seconds) == "time"
+    assert should_stop([1.0, 1.001, 0.999, 1.0], policy, None, 0.0) == "confirmed"
+    # a burst of interference: the slow runs do not count, three runs near the fastest do
+    bursty = [1.4, 1.0, 1.5, 1.3, 1.01]
+    assert should_stop(bursty, policy, None, 0.0) is None
+    assert should_stop(bursty + [1.02], policy, None, 0.0) == "confirmed"
+    assert should_stop(bursty, policy, None, policy.max_seconds) == "time"
     assert should_stop([1.0, 2.0] * 10, policy, None, 0.0) == "repeats"
+
+
+def test_a_timing_is_its_fastest_run():
+    from measure.engine import Measurement
+
+    assert Measurement(run_secs=(1.4e-3, 1.0e-3, 1.5e-3)).latency == 1.0e-3
+    assert Measurement(run_secs=(1.0e-3, math.nan)).latency == math.inf  # garbage is a failure, not a value
 
 
 def test_a_candidate_clearly_slower_than_the_best_stops_early():
@@ -64,12 +73,17 @@ def test_controller_starts_from_a_calibration():
     assert DopController.from_calibration(curve, max_level=1).level == 1
 
 
-def test_outliers_and_the_fastest_are_always_verified():
+def test_outliers_and_the_contenders_for_the_best_are_always_verified():
     latencies = {i: 1.0 + 0.01 * i for i in range(20)}
     latencies[7] = 30.0  # an outlier in log space
     picked = pick_for_verification(latencies, random.Random(0))
-    assert 7 in picked and 0 in picked
-    assert len(picked) == math.ceil(0.2 * 20)
+    assert picked == [0, 1, 2, 3, 7]  # the four fastest (all within 15% of the best) and the outlier
+    wide = {i: 1.0 + 0.1 * i for i in range(40)}
+    picked = pick_for_verification(wide, random.Random(0))
+    assert {0, 1} <= set(picked) and len(picked) == math.ceil(0.2 * 40)  # two contenders, and a 20% sample
+    spread = {i: 1.0 + 0.5 * i for i in range(20)}  # nothing near the fastest: it alone is a contender
+    picked = pick_for_verification(spread, random.Random(0), share=0.0)
+    assert picked == [0]
     assert modified_z_scores([1.0, 1.0, 1.0]) == [0.0, 0.0, 0.0]
 
 
