@@ -221,13 +221,13 @@ def calibrate(
         print(json.dumps(result, indent=2))
         return
     table = Table(title=f"calibration: {result['valid']} candidates of {kernel}, error bound {result['error_bound']:.0%}")
-    for col in ("level", "at once", "builds run", "median error", "p90 error", "candidates/s"):
+    for col in ("level", "at once", "builds run", "mean error", "median error", "p90 error", "candidates/s"):
         table.add_column(col, justify="right")
     for p in result["curve"]:
         pct = lambda v: "-" if v is None else f"{v:.1%}"  # noqa: E731
         mark = " *" if p["level"] == result["chosen_level"] else ""
         table.add_row(f"{p['level']}{mark}", str(p["concurrency"]), "yes" if p["overlap_builds"] else "paused",
-                      pct(p["error"]), pct(p["p90_error"]), f"{p['candidates_per_s']:.2f}")
+                      pct(p["error"]), pct(p["median_error"]), pct(p["p90_error"]), f"{p['candidates_per_s']:.2f}")
     Console().print(table)
     print(f"chosen level {result['chosen_level']} (*); saved to {path}")
 

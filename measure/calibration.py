@@ -1,9 +1,12 @@
 """Calibration: the error and throughput of parallel timing at each level, on this machine.
 
 The same candidates are timed once in isolation (the reference) and then at every
-level; the curve (level, median and p90 relative error, candidates per second) is
-saved per host, device and thread count, and an engine with ``--dop auto`` starts
-from the highest level whose error was within the bound instead of probing.
+level; the curve (level, mean, median and p90 relative error, candidates per second)
+is saved per host, device and thread count, and an engine with ``--dop auto`` starts
+from the highest level whose error was within the bound instead of probing. The
+error bounded is the mean, as in the controller's verification (``measure.dop``):
+a level whose median is fine but whose tail is not (1.4% median, 28% p90 at level 1
+here) would start a tuning job on a round the controller throws away.
 """
 
 from __future__ import annotations
@@ -32,10 +35,14 @@ def calibration_path(slot: DeviceSlot, threads: int) -> Path:
     return cache_dir() / f"{key}.json"
 
 
+ERROR_STATISTIC = "mean relative error"  # what a curve's "error" is; curves saved with another are not read
+
+
 def load_calibration(slot: DeviceSlot, threads: int) -> list[dict[str, Any]] | None:
     path = calibration_path(slot, threads)
     try:
-        return json.loads(path.read_text())["curve"]
+        saved = json.loads(path.read_text())
+        return saved["curve"] if saved.get("error_statistic") == ERROR_STATISTIC else None
     except (OSError, ValueError, KeyError):
         return None
 
@@ -74,7 +81,8 @@ def calibrate(engine: Any, target: Any, candidates: Sequence[Candidate], levels:
             "level": level,
             "concurrency": max(1, level),
             "overlap_builds": level > 0,
-            "error": statistics.median(errors) if errors else None,
+            "error": statistics.fmean(errors) if errors else None,
+            "median_error": statistics.median(errors) if errors else None,
             "p90_error": statistics.quantiles(errors, n=10)[-1] if len(errors) >= 2 else None,
             "candidates_per_s": sum(1 for r in results if r.ok) / wall,
             "timed_again_busy": engine.counts["disturbed"] - disturbed,  # the probe saw a busy machine
@@ -82,6 +90,7 @@ def calibrate(engine: Any, target: Any, candidates: Sequence[Candidate], levels:
         })
     good = [p["level"] for p in curve if p["error"] is not None and p["error"] <= error_bound]
     return {
+        "error_statistic": ERROR_STATISTIC,
         "candidates": len(candidates),
         "valid": sum(1 for r in reference if r.ok),
         "isolated_wall_s": isolated_s,

@@ -93,3 +93,46 @@ def test_verification_measures_error_and_removes_bias():
     assert check.corrected(3.3) == pytest.approx(3.0, rel=1e-2)
     big = Verification.compare([(2.0, 1.0)])  # 50% bias: too large to trust a correction
     assert big.corrected(4.0) == 4.0
+
+
+class _Engine:
+    """Calibration's view of an engine: fixed values alone and at each level."""
+
+    def __init__(self, alone: list[float], by_level: dict[int, list[float]]) -> None:
+        from collections import Counter
+
+        from measure.slots import cpu_slots
+
+        self.alone, self.by_level, self.counts, self.slots = alone, by_level, Counter(), cpu_slots(2)
+
+    def measure_isolated(self, target, device_type, candidates):
+        from measure.engine import Measurement
+
+        return [Measurement(run_secs=(v,)) for v in self.alone]
+
+    def measure_at(self, level, target, candidates):
+        from measure.engine import Measurement
+
+        return [Measurement(run_secs=(v,)) for v in self.by_level[level]]
+
+
+def test_calibration_bounds_the_mean_error_the_controller_bounds(tmp_path, monkeypatch):
+    """Level 1 is right for 8 of 10 candidates and 100% off for 2: its median error is 0, its mean 20%,
+    and a tuning round there would fail verification, so calibration does not choose it."""
+    import json
+
+    from measure.calibration import calibrate, calibration_path, load_calibration, save_calibration
+    from measure.slots import cpu_slots
+
+    engine = _Engine([1.0] * 10, {0: [1.01] * 10, 1: [1.0] * 8 + [2.0] * 2})
+    result = calibrate(engine, None, [None] * 10, [0, 1])
+    level1 = result["curve"][1]
+    assert level1["median_error"] == 0.0 and level1["error"] == pytest.approx(0.2)
+    assert result["chosen_level"] == 0
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path))
+    slot = cpu_slots(2)[0]
+    path = save_calibration(result, calibration_path(slot, 2))
+    assert load_calibration(slot, 2) == result["curve"]
+    stale = {k: v for k, v in result.items() if k != "error_statistic"}  # a curve of medians, saved before
+    path.write_text(json.dumps(stale))
+    assert load_calibration(slot, 2) is None
