@@ -101,21 +101,26 @@ def modified_z_scores(values: Sequence[float]) -> list[float]:
 
 
 def pick_for_verification(latencies: dict[int, float], rng: random.Random, share: float = 0.2,
-                          threshold: float = 3.0, contenders: float = 0.15, max_contenders: int = 4) -> list[int]:
+                          threshold: float = 3.0, near_best: float = 0.15, max_contenders: int = 4) -> list[int]:
     """Candidates (by index) to time again in isolation: outliers, the contenders for the round's best
-    (the fastest and, up to ``max_contenders`` in all, those within ``contenders`` of it: a parallel
+    (the fastest and, up to ``max_contenders`` in all, those within ``near_best`` of it: a parallel
     value that far off can hide the true best), and a random sample up to ``share`` of the round."""
     keys = list(latencies)
     if not keys:
         return []
     logs = [math.log(latencies[k]) for k in keys]
     chosen = {k for k, z in zip(keys, modified_z_scores(logs)) if abs(z) > threshold}
-    ranked = sorted(keys, key=latencies.__getitem__)
-    chosen.update(k for k in ranked[:max_contenders] if latencies[k] <= latencies[ranked[0]] * (1 + contenders))
+    chosen.update(contenders(latencies, min(latencies.values()), within=near_best, at_most=max_contenders))
     want = max(len(chosen), math.ceil(share * len(keys)))
     rest = [k for k in keys if k not in chosen]
     chosen.update(rng.sample(rest, min(len(rest), want - len(chosen))))
     return sorted(chosen)
+
+
+def contenders(latencies: dict[int, float], best: float, within: float, at_most: int = 4) -> list[int]:
+    """The fastest candidates (by index, at most ``at_most``) within ``within`` of ``best``."""
+    ranked = sorted(latencies, key=latencies.__getitem__)
+    return [k for k in ranked[:at_most] if latencies[k] <= best * (1 + within)]
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from measure.build import build_candidate
-from measure.dop import DopController, Verification, pick_for_verification
+from measure.dop import DopController, Verification, contenders, pick_for_verification
 from measure.engine import Candidate, Measurement, MeasurementEngine
 from measure.slots import DeviceSlot
 from measure.timing import Probe, Timing, TimingPolicy, time_candidate
@@ -101,6 +101,8 @@ class ParallelEngine(MeasurementEngine):
         error = None
         if level > 0:
             error = self._verify(candidates, results, paths, self._probe(target))
+        else:
+            self._second_look(candidates, results, paths, self._probe(target))
         self._remove(paths)
         self.controller.update(error, timeouts, len(paths))
         return results
@@ -316,6 +318,22 @@ class ParallelEngine(MeasurementEngine):
             results[i] = dataclasses.replace(m, run_secs=tuple(check.corrected(s) for s in m.run_secs or ()))
         return check.error
 
+    def _second_look(self, candidates: Sequence[Candidate], results: list[Measurement], paths: dict[int, str],
+                     probe: Probe | None) -> None:
+        """After an isolated round, time the contenders for each task's best once more and keep the runs of
+        both timings (the fastest counts). A spell a few percent slow, under the probe's tolerance, lasts
+        longer than a timing and can hide the best; the contenders are where that changes the result."""
+        for task in {c.task for c in candidates}:
+            mine = {i: m.latency for i, m in enumerate(results) if m.ok and candidates[i].task == task}
+            for i in contenders(mine, self._best.get(task, math.inf), within=SECOND_LOOK_WITHIN):
+                again, _ = self._time(self._first_lane(), candidates[i], paths[i], self.timing, isolated=True,
+                                      phase="verification", probe=probe)
+                if again.ok:
+                    self.counts["second_looks"] += 1
+                    results[i] = dataclasses.replace(results[i], run_secs=results[i].run_secs + again.run_secs)
+                    with self._lock:
+                        self._best[task] = min(self._best[task], results[i].latency)
+
     def _remove(self, paths: dict[int, str]) -> None:
         import os
 
@@ -324,6 +342,7 @@ class ParallelEngine(MeasurementEngine):
                 os.remove(path)
 
 
+SECOND_LOOK_WITHIN = 0.05  # contenders for a task's best, timed twice at level 0: within this share of it
 MEASURE_THREADS = 64  # candidates of a round in flight towards the lanes at once
 
 

@@ -118,6 +118,19 @@ def test_a_round_whose_parallel_values_are_too_far_off_is_timed_alone(target, pa
     assert eng.controller.level == (0 if retimed else 2)
 
 
+def test_the_contenders_for_the_best_are_timed_twice_at_level_0(target, tmp_path):
+    """The best (timed first while the host was 4% slow) gets a second timing and keeps the faster runs; a
+    candidate twice as slow gets none."""
+    eng = ParallelEngine(cpu_slots(1), build_workers=1,
+                         timer=kernels.drifting_timer(str(tmp_path), {64: [1.04, 1.0], 128: [2.0, 1.9]}))
+    try:
+        fast, slow = eng.measure(target, "cpu", [kernels.good(64), kernels.good(128)])
+    finally:
+        eng.close()
+    assert fast.latency == pytest.approx(1.0e-3) and slow.latency == pytest.approx(2.0e-3)
+    assert eng.counts["second_looks"] == 1
+
+
 def test_the_probe_sees_a_neighbour_on_the_slot_core(target, tmp_path):
     """A process spinning on the slot's core slows the probe about twofold; a quiet core does not; asked to,
     the timer then leaves without timing."""
