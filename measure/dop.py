@@ -3,10 +3,11 @@
 After DOPpler (TPDS 2023). Parallel timings are checked after every round: outliers
 (modified z-score over the round's log latencies, MAD constant 0.6745, threshold 3),
 the contenders for the round's best (its fastest and up to three within 15% of it)
-and a random sample (at least 20% of the round) are timed again in isolation. The mean relative difference is the round's error. The
-controller works like congestion control: it starts low, grows while the error
-stays under the bound (5%) and few measurements time out, and on a bad round
-remembers a ceiling and cuts the level multiplicatively (b = 0.2).
+and a random sample (at least 20% of the round) are timed again in isolation. The
+mean relative difference is the round's error. The controller works like
+congestion control: it starts low, grows while the error stays under the bound
+(5%) and few measurements time out, and on a bad round remembers a ceiling and
+cuts the level multiplicatively (b = 0.2).
 
 Levels: 0 is isolation (one measurement at a time, build workers paused while it
 runs); level k >= 1 is k measurements at once, on k lanes, while builds go on at idle

@@ -4,11 +4,12 @@ One round: every candidate goes to the warm build workers at once; each is timed
 measurement lane as soon as its library exists, while the rest still build. The DoP
 controller says how many lanes time at once and whether builds may run meanwhile (at
 idle priority) or are paused for each measurement. After a parallel round, outliers,
-the fastest candidate and a sample are timed again in isolation; their isolated
-values replace the parallel ones, the round's bias is taken off the rest (or, when
-the error is past the controller's bound, the rest are timed alone as well: the
-level costs the round its speed, never its truth), and the error found sets the
-next round's level. A candidate timed alone on a CPU slot is
+the contenders for the best and a sample are timed again in isolation; their
+isolated values replace the parallel ones, the round's bias is taken off the rest
+(or, when the error is past the controller's bound, the rest are timed alone as
+well: the level costs the round its speed, never its truth), and the error found
+sets the next round's level. After an isolated round, the contenders for each
+task's best are timed a second time. A candidate timed alone on a CPU slot is
 bracketed by a probe kernel; one timed while the probe ran slow (a neighbour on the
 host) is tried again after a pause, so that values come from a quiet machine.
 
