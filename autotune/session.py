@@ -36,6 +36,7 @@ from measure.engine import Candidate, Measurement, MeasurementEngine, PhaseWork
 MEASUREMENTS_LOG = "measurements.jsonl"
 RANKED_DIR = "ranked"
 RANKING = "ranking.json"
+RANK_TURNS = 3  # the final re-timing goes over a task's top candidates this many times; each keeps its median
 
 
 @dataclass
@@ -378,7 +379,9 @@ class TuningSession:
             state.trials = state.resumed = len(known)
 
     def _rank(self, database: Any) -> Any:
-        """Re-time each task's best candidates alone and write ``ranked/``: all records, re-timed values in place.
+        """Re-time each task's best candidates alone, in turns, and write ``ranked/``: all records, re-timed
+        values in place. (The top candidates of a task are often within 2% of each other: one timing each
+        picks among them by the host's spells; the median of three, taken in turns, by their speed.)
 
         If a candidate that was not re-timed would still come first, the next ones are re-timed too.
         """
@@ -409,7 +412,8 @@ class TuningSession:
                     sch = Schedule(records[i].workload.mod)
                     records[i].trace.apply_to_schedule(sch, remove_postproc=False)
                     batch.append(Candidate(sch.mod, records[i].args_info, state.task.name))
-                for i, m in zip(todo, self.engine.measure_isolated(self.target, self.device_type, batch)):
+                for i, m in zip(todo, self.engine.measure_isolated(self.target, self.device_type, batch,
+                                                                    turns=RANK_TURNS)):
                     value[i] = m.latency
                     retimed.add(i)
             ranked_workload = ranked.commit_workload(state.task.mod)

@@ -8,7 +8,14 @@ included), and each round is then timed twice more, one candidate at a time, in
 isolation, with the stricter policy (A, then B). The engine is compared with A:
 median absolute relative error, Kendall tau of the two rankings, and whether the
 engine's best is A's best (or within 2% of it). A against B is the host's own noise
-floor for two measurements taken as far apart. Writes results/bench/fidelity.{json,md}.
+floor for two measurements taken as far apart.
+
+A's best is the fastest of ~70 single timings, each a few percent noisy, and its winner
+is often the one timed in the luckiest spell (A's best, timed in B, has been 5-15% off B's
+best). So the best is also settled: the engine's best and every candidate within 5% of
+the best in A or in B are timed alone again, in SETTLE_TURNS turns (each keeps its
+median turn), and the engine's best is compared with the fastest of those. The table
+gives both gaps. Writes results/bench/fidelity.{json,md}.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ from scipy.stats import kendalltau
 
 OUT_DIR = Path("results/bench")
 KERNELS = ("matmul512", "conv3x3_resnet18", "dense_bert")
+SETTLE_WITHIN = 0.05  # candidates this close to A's or B's best are in the running for the settled best
+SETTLE_TURNS = 5
 
 
 def fidelity(kernel_name: str, count: int, round_size: int, threads: int | None, seed: int) -> dict[str, Any]:
@@ -39,7 +48,7 @@ def fidelity(kernel_name: str, count: int, round_size: int, threads: int | None,
     target = spec.tvm_target()
     candidates = sample_candidates(kernel(kernel_name), target, count, seed, task=kernel_name)
     engine = create("parallel", target_kind=spec.kind, threads=spec.num_cores, seed=seed)
-    rows, levels = [], []
+    rows, levels, timed = [], [], []
     started = time.monotonic()
     try:
         for i in range(0, len(candidates), round_size):
@@ -48,13 +57,19 @@ def fidelity(kernel_name: str, count: int, round_size: int, threads: int | None,
             tuned = engine.measure(target, "cpu", batch)
             alone = engine.measure_isolated(target, "cpu", batch)
             again = engine.measure_isolated(target, "cpu", batch)
-            rows += [(t.latency, a.latency, b.latency, t.stop) for t, a, b in zip(tuned, alone, again)
-                     if t.ok and a.ok and b.ok]
+            kept = [(c, t, a, b) for c, t, a, b in zip(batch, tuned, alone, again) if t.ok and a.ok and b.ok]
+            rows += [(t.latency, a.latency, b.latency, t.stop) for _, t, a, b in kept]
+            timed += [c for c, _, _, _ in kept]
+        engine_s, isolated_s, again_s, stops = zip(*rows)
+        best_by_engine = min(range(len(rows)), key=lambda k: engine_s[k])
+        running = sorted({best_by_engine} | {k for k in range(len(rows))
+                                             if isolated_s[k] <= min(isolated_s) * (1 + SETTLE_WITHIN)
+                                             or again_s[k] <= min(again_s) * (1 + SETTLE_WITHIN)})
+        settled = dict(zip(running, (m.latency for m in engine.measure_isolated(
+            target, "cpu", [timed[k] for k in running], turns=SETTLE_TURNS))))
         disturbed = engine.counts["disturbed"]
     finally:
         engine.close()
-    engine_s, isolated_s, again_s, stops = zip(*rows)
-    best_by_engine = min(range(len(rows)), key=lambda k: engine_s[k])
     by_stop = {}
     for stop in sorted(set(stops)):
         errs = [_error(e, a) for e, a, _, s in rows if s == stop]
@@ -69,6 +84,10 @@ def fidelity(kernel_name: str, count: int, round_size: int, threads: int | None,
         "kendall_tau": float(kendalltau(engine_s, isolated_s).statistic),
         "best_same": isolated_s[best_by_engine] == min(isolated_s),
         "best_gap": isolated_s[best_by_engine] / min(isolated_s) - 1,
+        "settled": {"candidates": len(running), "turns": SETTLE_TURNS,
+                    "best_same": settled[best_by_engine] == min(settled.values()),
+                    "best_gap": settled[best_by_engine] / min(settled.values()) - 1,
+                    "a_best_gap": settled[min(running, key=lambda k: isolated_s[k])] / min(settled.values()) - 1},
         "floor_median_abs_rel_error": statistics.median(_error(b, a) for a, b in zip(isolated_s, again_s)),
         "floor_kendall_tau": float(kendalltau(again_s, isolated_s).statistic),
         "by_stop": by_stop,
@@ -100,7 +119,7 @@ def main() -> None:
         "machine": f"{platform.processor() or platform.machine()}, {host_cores()} cores",
         "tvm": tvm.__version__,
         "date": time.strftime("%Y-%m-%d"),
-        "targets": {"median_abs_rel_error": 0.03, "kendall_tau": 0.9, "best_gap": 0.02},
+        "targets": {"median_abs_rel_error": 0.03, "kendall_tau": 0.9, "best_gap (settled)": 0.02},
         "overall": {"candidates": len(all_errors), "median_abs_rel_error": statistics.median(all_errors),
                     "floor_median_abs_rel_error": statistics.median(floor)},
         "kernels": results,
@@ -108,17 +127,21 @@ def main() -> None:
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     (OUT_DIR / "fidelity.json").write_text(json.dumps(report, indent=2))
     lines = [f"# Measurement fidelity ({report['machine']}): engine vs isolated", "",
-             "| kernel | threads | candidates | levels used | median error | p90 error | Kendall tau | best same | best gap | floor: median error | floor: Kendall tau | timed again (busy) |",
-             "| --- | ---: | ---: | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |"]
+             "| kernel | threads | candidates | levels used | median error | p90 error | Kendall tau | best gap vs A | best gap, settled | A's best, settled | floor: median error | floor: Kendall tau | timed again (busy) |",
+             "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in results:
         lines.append(f"| {r['kernel']} | {r['threads']} | {r['candidates']} | {r['levels']} | "
                      f"{r['median_abs_rel_error']:.1%} | {r['p90_abs_rel_error']:.1%} | {r['kendall_tau']:.3f} | "
-                     f"{'yes' if r['best_same'] else 'no'} | {r['best_gap']:.1%} | "
+                     f"{r['best_gap']:.1%} | {r['settled']['best_gap']:.1%} of {r['settled']['candidates']} | "
+                     f"{r['settled']['a_best_gap']:.1%} | "
                      f"{r['floor_median_abs_rel_error']:.1%} | {r['floor_kendall_tau']:.3f} | {r['timed_again_busy']} |")
     lines += ["", f"All {len(all_errors)} candidates: median absolute relative error "
               f"{report['overall']['median_abs_rel_error']:.1%} (engine vs isolated A); the host's floor, isolated A "
               f"vs isolated B, {report['overall']['floor_median_abs_rel_error']:.1%}. Targets: median error ≤ 3%, "
-              "Kendall tau ≥ 0.9, best the same or within 2%. Timed again (busy): timings the engine repeated "
+              "Kendall tau ≥ 0.9, best the same or within 2%. Best gap vs A: the engine's best as A timed it, over A's "
+              f"best. Settled: the engine's best and every candidate within {SETTLE_WITHIN:.0%} of A's or B's best "
+              f"timed alone again in {SETTLE_TURNS} turns (median turn each); the gap of the engine's best, and of A's, "
+              "to the fastest of them. Timed again (busy): timings the engine repeated "
               "because its probe kernel ran more than 8% slow around them (engine and isolated timings together).", "",
               "Median error by why the engine stopped timing a candidate: " + "; ".join(
                   f"{r['kernel']}: " + ", ".join(f"{k} {v['median_abs_rel_error']:.1%} (n={v['candidates']})"

@@ -54,6 +54,13 @@ class Measurement:
         return fastest(self.run_secs) if self.ok and self.run_secs else math.inf
 
 
+def median_turn(turns: Sequence[Measurement]) -> Measurement:
+    """Of one candidate's timings in turns, the valid one with the median latency (the lower of two middles),
+    or the first if none is valid."""
+    valid = sorted((m for m in turns if m.ok), key=lambda m: m.latency)
+    return valid[(len(valid) - 1) // 2] if valid else turns[0]
+
+
 PHASES = ("build", "measure", "verification")
 
 
@@ -87,9 +94,16 @@ class MeasurementEngine(ABC):
     def measure(self, target: Any, device_type: str, candidates: Sequence[Candidate]) -> list[Measurement]:
         """One ``Measurement`` per candidate, in order; never raises for a bad candidate."""
 
-    def measure_isolated(self, target: Any, device_type: str, candidates: Sequence[Candidate]) -> list[Measurement]:
-        """Like ``measure``, one candidate at a time with nothing else running: for the final ranking."""
-        return self.measure(target, device_type, candidates)
+    def measure_isolated(self, target: Any, device_type: str, candidates: Sequence[Candidate],
+                         turns: int = 1) -> list[Measurement]:
+        """Like ``measure``, one candidate at a time with nothing else running: for the final ranking.
+
+        With ``turns`` > 1 every candidate is timed once per turn, in order, so that the host's slow
+        drifts hit them all alike, and keeps its median turn (``median_turn``): near-ties are decided
+        by more than one spell of the host.
+        """
+        passes = [self.measure(target, device_type, candidates) for _ in range(turns)]
+        return [median_turn(list(timed)) for timed in zip(*passes)]
 
     def report(self) -> dict[str, Any]:
         """What the engine did, for the run's manifest."""

@@ -29,14 +29,14 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
 
 from measure.build import build_candidate
 from measure.dop import DopController, Verification, contenders, pick_for_verification
-from measure.engine import Candidate, Measurement, MeasurementEngine
+from measure.engine import Candidate, Measurement, MeasurementEngine, median_turn
 from measure.slots import DeviceSlot
 from measure.timing import Probe, Timing, TimingPolicy, time_candidate
 from measure.workers import CallCost, Worker, WorkerFault, WorkerGroup, WorkerSetup
@@ -108,16 +108,18 @@ class ParallelEngine(MeasurementEngine):
         self.controller.update(error, timeouts, len(paths))
         return results
 
-    def measure_isolated(self, target: Any, device_type: str, candidates: Sequence[Candidate]) -> list[Measurement]:
+    def measure_isolated(self, target: Any, device_type: str, candidates: Sequence[Candidate],
+                         turns: int = 1) -> list[Measurement]:
         built = self._build_all(target, candidates)
         probe = self._probe(target)
-        results: list[Measurement] = []
-        for c, (path, err, _) in zip(candidates, built):
-            results.append(Measurement(error=f"build: {err}") if path is None else
-                           self._time(self._first_lane(), c, path, self.timing.isolated(), isolated=True,
-                                      phase="verification", probe=probe)[0])
+        timed: list[list[Measurement]] = [[] for _ in candidates]
+        for _ in range(turns):
+            for i, m in self._alone(candidates, [p for p, _, _ in built], range(len(candidates)), probe,
+                                    self.timing.isolated(), keep_failed=True):
+                timed[i].append(m)
         self._remove({i: p for i, (p, _, _) in enumerate(built) if p})
-        return results
+        return [Measurement(error=f"build: {err}") if path is None else median_turn(t)
+                for t, (path, err, _) in zip(timed, built)]
 
     def measure_at(self, level: int, target: Any, candidates: Sequence[Candidate]) -> list[Measurement]:
         """One round at a fixed level, without verification: what calibration compares."""
@@ -293,12 +295,9 @@ class ParallelEngine(MeasurementEngine):
         parallel = {i: m.latency for i, m in enumerate(results) if m.ok}
         picked = pick_for_verification(parallel, self._rng)
         pairs = []
-        for i in picked:
-            iso, _ = self._time(self._first_lane(), candidates[i], paths[i], self.timing.isolated(), isolated=True,
-                                phase="verification", probe=probe)
-            if iso.ok:
-                pairs.append((parallel[i], iso.latency))
-                results[i] = dataclasses.replace(iso, device_s=results[i].device_s, cpu_s=results[i].cpu_s)
+        for i, iso in self._alone(candidates, paths, picked, probe, self.timing.isolated()):
+            pairs.append((parallel[i], iso.latency))
+            results[i] = _with_cost_of(results[i], iso)
         self.counts["verified"] += len(pairs)
         if not pairs:
             return None
@@ -307,12 +306,8 @@ class ParallelEngine(MeasurementEngine):
         if self.controller.too_far(check.error):
             # the round's parallel values are known wrong: time the rest as a level-0 round would have
             self.counts["rounds_retimed"] += 1
-            for i in rest:
-                alone, _ = self._time(self._first_lane(), candidates[i], paths[i], self.timing,
-                                      self._best.get(candidates[i].task), isolated=True, phase="verification",
-                                      probe=probe)
-                if alone.ok:
-                    results[i] = dataclasses.replace(alone, device_s=results[i].device_s, cpu_s=results[i].cpu_s)
+            for i, alone in self._alone(candidates, paths, rest, probe, self.timing, early_stop=True):
+                results[i] = _with_cost_of(results[i], alone)
             return check.error
         for i in rest:
             m = results[i]
@@ -326,14 +321,27 @@ class ParallelEngine(MeasurementEngine):
         longer than a timing and can hide the best; the contenders are where that changes the result."""
         for task in {c.task for c in candidates}:
             mine = {i: m.latency for i, m in enumerate(results) if m.ok and candidates[i].task == task}
-            for i in contenders(mine, self._best.get(task, math.inf), within=SECOND_LOOK_WITHIN):
-                again, _ = self._time(self._first_lane(), candidates[i], paths[i], self.timing, isolated=True,
-                                      phase="verification", probe=probe)
-                if again.ok:
-                    self.counts["second_looks"] += 1
-                    results[i] = dataclasses.replace(results[i], run_secs=results[i].run_secs + again.run_secs)
-                    with self._lock:
-                        self._best[task] = min(self._best[task], results[i].latency)
+            looks = contenders(mine, self._best.get(task, math.inf), within=SECOND_LOOK_WITHIN)
+            for i, again in self._alone(candidates, paths, looks, probe, self.timing):
+                self.counts["second_looks"] += 1
+                results[i] = dataclasses.replace(results[i], run_secs=results[i].run_secs + again.run_secs)
+                with self._lock:
+                    self._best[task] = min(self._best[task], results[i].latency)
+
+    def _alone(self, candidates: Sequence[Candidate], paths: Mapping[int, str | None] | Sequence[str | None],
+               indices: Iterable[int], probe: Probe | None, policy: TimingPolicy, *, early_stop: bool = False,
+               keep_failed: bool = False) -> Iterator[tuple[int, Measurement]]:
+        """Time the built candidates at ``indices`` one at a time on the first lane, as verification work;
+        yield (index, measurement) for each valid timing (every timing with ``keep_failed``).
+        ``early_stop``: stop a candidate clearly slower than its task's best."""
+        for i in indices:
+            if paths[i] is None:
+                continue
+            m, _ = self._time(self._first_lane(), candidates[i], paths[i], policy,
+                              self._best.get(candidates[i].task) if early_stop else None, isolated=True,
+                              phase="verification", probe=probe)
+            if m.ok or keep_failed:
+                yield i, m
 
     def _remove(self, paths: dict[int, str]) -> None:
         import os
@@ -345,6 +353,11 @@ class ParallelEngine(MeasurementEngine):
 
 SECOND_LOOK_WITHIN = 0.05  # contenders for a task's best, timed twice at level 0: within this share of it
 MEASURE_THREADS = 64  # candidates of a round in flight towards the lanes at once
+
+
+def _with_cost_of(tuned: Measurement, alone: Measurement) -> Measurement:
+    """``alone``'s timing in place of ``tuned``'s, with ``tuned``'s cost (re-timing is verification's work)."""
+    return dataclasses.replace(alone, device_s=tuned.device_s, cpu_s=tuned.cpu_s)
 
 
 def lanes_per_slot(slots: Sequence[DeviceSlot], limits: EngineLimits) -> int:

@@ -131,6 +131,18 @@ def test_the_contenders_for_the_best_are_timed_twice_at_level_0(target, tmp_path
     assert eng.counts["second_looks"] == 1
 
 
+def test_timed_alone_in_turns_each_candidate_keeps_its_median_turn(target, tmp_path):
+    """Three turns: a spell that slows one turn (or speeds one up) does not decide the value."""
+    eng = ParallelEngine(cpu_slots(1), build_workers=1,
+                         timer=kernels.drifting_timer(str(tmp_path), {64: [1.3, 1.0, 0.9], 128: [1.1, 1.2, 1.6]}))
+    try:
+        fast, slow = eng.measure_isolated(target, "cpu", [kernels.good(64), kernels.good(128)], turns=3)
+    finally:
+        eng.close()
+    assert fast.latency == pytest.approx(1.0e-3) and slow.latency == pytest.approx(1.2e-3)
+    assert eng.counts["built"] == 2  # built once, timed three times
+
+
 def test_the_probe_sees_a_neighbour_on_the_slot_core(target, tmp_path):
     """A process spinning on the slot's core slows the probe about twofold; a quiet core does not; asked to,
     the timer then leaves without timing."""
