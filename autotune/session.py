@@ -403,9 +403,8 @@ class TuningSession:
             retimed: set[int] = set()
             k = min(5, max(2, math.ceil(self.rerank_share * len(records))))
             for _ in range(3):
-                order = sorted((i for i in value if value[i] < math.inf), key=value.__getitem__)
-                todo = [i for i in order[:len(retimed) + k] if i not in retimed]
-                if not todo or (order and order[0] in retimed):
+                todo = next_to_retime(value, retimed, k)
+                if not todo:
                     break
                 batch = []
                 for i in todo:
@@ -433,6 +432,18 @@ class TuningSession:
         with open(os.path.join(self.work_dir, RANKING), "w", encoding="utf-8") as f:
             json.dump(self.ranking, f, indent=2)
         return JSONDatabase(work_dir=final)
+
+
+def next_to_retime(values: dict[int, float], retimed: set[int], k: int) -> list[int]:
+    """The ``k`` fastest candidates not re-timed yet, or none once the fastest of all has been.
+
+    At most ``k`` a time: in a slow spell every re-timed value rises above the tuning values
+    it is ranked with, and re-timing "the top 2k" would then mean 2k new candidates, 4k the next time.
+    """
+    order = sorted((i for i in values if values[i] < math.inf), key=values.__getitem__)
+    if not order or order[0] in retimed:
+        return []
+    return [i for i in order if i not in retimed][:k]
 
 
 def _mean(secs: Any) -> float:

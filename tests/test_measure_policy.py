@@ -136,3 +136,17 @@ def test_calibration_bounds_the_mean_error_the_controller_bounds(tmp_path, monke
     stale = {k: v for k, v in result.items() if k != "error_statistic"}  # a curve of medians, saved before
     path.write_text(json.dumps(stale))
     assert load_calibration(slot, 2) is None
+
+
+def test_the_final_ranking_re_times_at_most_k_more_candidates_each_time():
+    """In a slow spell every re-timed value rises above the tuning values: the next turn takes the next k, not 2k."""
+    from autotune.session import next_to_retime
+
+    values = {i: 1.0 + i / 100 for i in range(20)}  # tuning values, 0 fastest
+    first = next_to_retime(values, set(), 3)
+    assert first == [0, 1, 2]
+    values.update({i: 2.0 for i in first})  # re-timed 2x slower, now behind everything
+    assert next_to_retime(values, set(first), 3) == [3, 4, 5]
+    values[3] = 0.5  # re-timed and still the fastest: done
+    assert next_to_retime(values, {0, 1, 2, 3, 4, 5}, 3) == []
+    assert next_to_retime({0: float("inf")}, set(), 3) == []
