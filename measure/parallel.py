@@ -111,13 +111,13 @@ class ParallelEngine(MeasurementEngine):
     def measure_isolated(self, target: Any, device_type: str, candidates: Sequence[Candidate],
                          turns: int = 1) -> list[Measurement]:
         built = self._build_all(target, candidates)
+        paths = {i: path for i, (path, _, _) in enumerate(built) if path}
         probe = self._probe(target)
         timed: list[list[Measurement]] = [[] for _ in candidates]
         for _ in range(turns):
-            for i, m in self._alone(candidates, [p for p, _, _ in built], range(len(candidates)), probe,
-                                    self.timing.isolated(), keep_failed=True):
+            for i, m in self._alone(candidates, paths, paths, probe, self.timing.isolated(), keep_failed=True):
                 timed[i].append(m)
-        self._remove({i: p for i, (p, _, _) in enumerate(built) if p})
+        self._remove(paths)
         return [Measurement(error=f"build: {err}") if path is None else median_turn(t)
                 for t, (path, err, _) in zip(timed, built)]
 
@@ -328,15 +328,13 @@ class ParallelEngine(MeasurementEngine):
                 with self._lock:
                     self._best[task] = min(self._best[task], results[i].latency)
 
-    def _alone(self, candidates: Sequence[Candidate], paths: Mapping[int, str | None] | Sequence[str | None],
-               indices: Iterable[int], probe: Probe | None, policy: TimingPolicy, *, early_stop: bool = False,
+    def _alone(self, candidates: Sequence[Candidate], paths: Mapping[int, str], indices: Iterable[int],
+               probe: Probe | None, policy: TimingPolicy, *, early_stop: bool = False,
                keep_failed: bool = False) -> Iterator[tuple[int, Measurement]]:
-        """Time the built candidates at ``indices`` one at a time on the first lane, as verification work;
-        yield (index, measurement) for each valid timing (every timing with ``keep_failed``).
-        ``early_stop``: stop a candidate clearly slower than its task's best."""
+        """Time the built candidates (``paths``: index -> library) at ``indices`` one at a time on the first
+        lane, as verification work; yield (index, measurement) for each valid timing (every timing with
+        ``keep_failed``). ``early_stop``: stop a candidate clearly slower than its task's best."""
         for i in indices:
-            if paths[i] is None:
-                continue
             m, _ = self._time(self._first_lane(), candidates[i], paths[i], policy,
                               self._best.get(candidates[i].task) if early_stop else None, isolated=True,
                               phase="verification", probe=probe)
