@@ -181,10 +181,14 @@ class TuningSession:
         """The model's estimated latency: the sum of weight x best over its tasks (inf until each has a best)."""
         return sum(s.task.weight * s.best_s for s in self.states)
 
+    def tuning_best_s(self) -> dict[str, float]:
+        """Each task's fastest measured latency of the job (all runs), before the final ranking re-times it."""
+        return {task: min((m.latency for m in known.values()), default=math.inf) for task, known in self._known.items()}
+
     def policies_report(self) -> dict[str, Any]:
         """What the filter, the preemption and the latency model did, for the manifest."""
         return {
-            "filter": self.candidate_filter.report(),
+            "filter": self.candidate_filter.report(self.tuning_best_s()),
             "preemption": {**self.preemption.report(), "job_stopped": self.stop_reason or None,
                            "tasks_stopped": {s.task.name: s.stopped for s in self.states if s.stopped}},
             "latency_model": self.quality.report(),
@@ -251,7 +255,8 @@ class TuningSession:
             ctx.notify_runner_results(plan.candidates, results)
             self.quality.record(state.task.name, plan.scores, latencies, plan.trained)
             self.candidate_filter.observe(plan.proposal_scores, plan.selection,
-                                          dict(zip(plan.selection.measure, improved)), plan.trained)
+                                          dict(zip(plan.selection.measure, improved)), plan.trained,
+                                          dict(zip(plan.selection.measure, latencies)), state.task.name)
             rounds.append(TaskRound(state.task.name, best_before, state.best_s, state.proposed, plan.kind != "sampled"))
             if state.remaining == 0:
                 self._finish(state, searches)

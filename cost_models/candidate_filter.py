@@ -15,6 +15,11 @@ trained model, it would not have dropped a single candidate that went on to beat
 task's best, and the model ranks those rounds better than chance (mean Kendall tau at
 least ``min_tau``). While trusted, its exploration sample keeps the same watch: one
 dropped-then-explored candidate that beats the best revokes the trust.
+
+Two rates are reported from that sample. "Beat the best at the time" is the watch that
+trust rests on, and the stricter: early in a task almost any candidate beats its young
+best. "Would have been the best" is what a drop can cost: the share of the sample that
+ended as its task's fastest candidate of the job.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import math
 import random
 from abc import ABC, abstractmethod
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,29 +49,43 @@ class CandidateFilter(ABC):
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
+        self._sample: list[tuple[str, float]] = []  # (task, latency) of each dropped or would-be-dropped measured
 
     @abstractmethod
     def select(self, scores: Sequence[float], trained: bool, recent_tau: float | None) -> Selection:
         """``scores``: the model's normalised predictions; ``trained``/``recent_tau``: how far to trust them."""
 
-    def observe(self, scores: Sequence[float], selection: Selection, improved: dict[int, bool], trained: bool) -> None:
-        """After measurement: ``improved[i]`` says whether measured proposal ``i`` beat its task's best."""
+    def observe(self, scores: Sequence[float], selection: Selection, improved: dict[int, bool], trained: bool,
+                latencies: Mapping[int, float] | None = None, task: str = "") -> None:
+        """After measurement: ``improved[i]`` says whether measured proposal ``i`` beat its task's best;
+        ``latencies[i]`` is its latency, for the "would have been the best" rate of ``report``."""
 
     def trusts(self, trained: bool, recent_tau: float | None) -> bool:
         """Whether the next round would be filtered."""
         return False
 
-    def report(self) -> dict[str, Any]:
+    def report(self, final_best_s: Mapping[str, float] | None = None) -> dict[str, Any]:
+        """``final_best_s``: each task's fastest latency of the job, on the scale ``observe`` was given."""
         c = self.counts
         seen = c["explored_measured"] + c["shadow_dropped"]
-        return {
+        out = {
             "filter": self.name,
             **dict(c),
             # of the candidates it dropped or would have dropped and that were measured all the same
             # (its exploration sample, and every proposal of the rounds it did not filter), the share
-            # that beat their task's best
+            # that beat their task's best at the time ...
             "would_be_best_drop_rate": (c["explored_would_be_best"] + c["shadow_would_be_best"]) / seen if seen else None,
         }
+        if final_best_s is not None and self._sample:
+            # ... and the share that ended as their task's fastest of the job
+            ended_best = sum(1 for task, latency in self._sample if latency <= final_best_s.get(task, math.inf))
+            out.update(final_best_sampled=len(self._sample), final_best_hits=ended_best,
+                       final_best_drop_rate=ended_best / len(self._sample))
+        return out
+
+    def _watch(self, indices: Sequence[int], latencies: Mapping[int, float] | None, task: str) -> None:
+        if latencies is not None:
+            self._sample += [(task, latencies[i]) for i in indices if i in latencies]
 
 
 class MeasureAll(CandidateFilter):
@@ -125,18 +144,21 @@ class TrimmerFilter(CandidateFilter):
         self.counts["dropped"] += len(dropped)
         return Selection(keep + explore, explore, dropped)
 
-    def observe(self, scores: Sequence[float], selection: Selection, improved: dict[int, bool], trained: bool) -> None:
+    def observe(self, scores: Sequence[float], selection: Selection, improved: dict[int, bool], trained: bool,
+                latencies: Mapping[int, float] | None = None, task: str = "") -> None:
         if not trained:
             return  # random scores say nothing about the model
         if selection.dropped or selection.explore:  # a filtered round: its exploration sample is the evidence
-            hits = sum(improved.get(i, False) for i in selection.explore)
-            self.counts["explored_measured"] += len(selection.explore)
+            watched = selection.explore
+            hits = sum(improved.get(i, False) for i in watched)
+            self.counts["explored_measured"] += len(watched)
             self.counts["explored_would_be_best"] += hits
         else:  # an unfiltered round: every proposal was measured, so what the rule would drop is known
-            _, would_drop = self._rule(scores)
-            hits = sum(improved.get(i, False) for i in would_drop)
-            self.counts["shadow_dropped"] += len(would_drop)
+            _, watched = self._rule(scores)
+            hits = sum(improved.get(i, False) for i in watched)
+            self.counts["shadow_dropped"] += len(watched)
             self.counts["shadow_would_be_best"] += hits
+        self._watch(watched, latencies, task)
         self._evidence.append(hits > 0)
 
     def _rule(self, scores: Sequence[float]) -> tuple[list[int], list[int]]:

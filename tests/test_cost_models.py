@@ -44,6 +44,20 @@ def test_a_would_be_best_the_rule_would_have_dropped_withholds_trust():
     assert not f.trusts(True, 0.5) and f.report()["would_be_best_drop_rate"] == pytest.approx(1 / 3)
 
 
+def test_the_drop_rate_that_counts_is_the_share_of_the_sample_that_ended_as_its_task_s_best():
+    f = TrimmerFilter(trust_rounds=1)
+    scores = [0.1, 0.2, 0.3, 0.4]  # the rule keeps the top one and would drop 0, 1, 2
+    first = {0: 5.0, 1: 4.0, 2: 9.0, 3: 3.0}  # 1 beats the best then (4 < 5) but not the job's best (2.0, below)
+    f.observe(scores, f.select(scores, True, 0.5), {0: True, 1: True, 2: False, 3: True}, True, first, "a")
+    then = {0: 2.0, 1: 6.0, 2: 7.0, 3: 8.0}  # 0 beats the best and ends as the task's fastest
+    f.observe(scores, f.select(scores, True, 0.5), {0: True, 1: False, 2: False, 3: False}, True, then, "a")
+    report = f.report({"a": 2.0})
+    assert report["would_be_best_drop_rate"] == pytest.approx(3 / 6)
+    assert (report["final_best_sampled"], report["final_best_hits"]) == (6, 1)
+    assert report["final_best_drop_rate"] == pytest.approx(1 / 6)
+    assert "final_best_drop_rate" not in f.report()  # without the job's bests there is nothing to compare with
+
+
 def test_filter_keeps_likely_winners_fills_to_the_floor_and_explores_what_it_drops():
     f = TrimmerFilter(threshold=0.9, keep_share=0.25, explore_share=0.1, seed=1)
     _earn_trust(f)
@@ -264,6 +278,9 @@ def test_filter_and_preemption_in_a_real_session(tmp_path):
     report = session.policies_report()
     assert report["filter"]["rounds_filtered"] >= 1 and report["filter"]["dropped"] > 0
     assert report["filter"]["explored_measured"] > 0 and report["filter"]["shadow_dropped"] > 0
+    sampled = report["filter"]["explored_measured"] + report["filter"]["shadow_dropped"]
+    assert report["filter"]["final_best_sampled"] == sampled  # every sampled candidate was measured
+    assert report["filter"]["final_best_hits"] <= len(session.states)  # a task has one fastest candidate
     assert any(s.stopped.startswith("no gain") for s in session.states)
     # each task starts from random draws and evolves from what it measured; its second round always
     # evolves (the model's rank correlation is only known once that round is measured)
