@@ -141,7 +141,9 @@ def write_tables(report: dict[str, Any]) -> None:
              "| workload | arm | final latency (us) | wall (s) | measured | screened | device-s measuring "
              "| energy (kJ, est.) | never improved a best | drop rate: beat the best then / ended the best |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for name, w in report["workloads"].items():
+    runs = [(name, w) for name, w in report["workloads"].items()]
+    runs += [(f"{name} (rerun)", w) for name, reruns in report.get("reruns", {}).items() for w in reruns]
+    for name, w in runs:
         for arm, r in w["arms"].items():
             if "failure" in r:
                 lines.append(f"| {name} | {arm} | failed: {r['failure']} |||||||| ")
@@ -151,8 +153,6 @@ def write_tables(report: dict[str, Any]) -> None:
                          f"{pct(r['wasted_share'])} | {pct(r.get('drop_rate'))} / {pct(r.get('final_best_drop_rate'))} |")
     lines += ["", "| workload | trials (round) | device-s saved | energy saved | wall saved | latency trimmer / engine "
               "| targets met |", "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
-    runs = [(name, w) for name, w in report["workloads"].items()]
-    runs += [(f"{name} (rerun)", w) for name, reruns in report.get("reruns", {}).items() for w in reruns]
     for name, w in runs:
         c = w["trimmer_vs_engine"]
         if "targets_met" not in c:
