@@ -8,6 +8,7 @@ import threading
 import time
 
 import cloudpickle
+import psutil
 import pytest
 
 import tests.fault_kernels as kernels
@@ -61,10 +62,15 @@ def test_a_worker_killed_mid_measurement_is_one_error(engine, target):
     lane.start()
 
     def kill_when_busy() -> None:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not engine.counts.get("built"):
+        """Kill the lane once it is timing: both candidates built and the lane burning CPU (a fixed sleep
+        after the first build killed it still idle when builds ran slow on a loaded host)."""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and engine.counts.get("built", 0) < 2:
             time.sleep(0.05)
-        time.sleep(1.0)  # the slow candidate is being timed by now
+        child = psutil.Process(lane.pid)
+        idle = sum(child.cpu_times()[:2])
+        while time.monotonic() < deadline and sum(child.cpu_times()[:2]) - idle < 0.3:
+            time.sleep(0.05)
         os.kill(lane.pid, signal.SIGKILL)
 
     engine.counts.pop("built", None)
