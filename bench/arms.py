@@ -27,17 +27,20 @@ from typing import Any
 from bench.workloads import WORKLOADS, kernel, model_relax
 
 
-def _setup(workload: str) -> tuple[Any, Any]:
+def _setup(workload: str, target_name: str) -> tuple[Any, Any]:
     from autotune.target import resolve_target
 
-    spec = resolve_target("cpu")
+    spec = resolve_target(target_name)
     mod = kernel(workload) if WORKLOADS[workload].kind == "kernel" else model_relax(workload)[0]
     return spec, mod
 
 
-def stock(workload: str, trials: int, work_dir: str, warm: bool) -> dict[str, Any]:
+def stock(workload: str, trials: int, work_dir: str, warm: bool, target_name: str = "cpu") -> dict[str, Any]:
     """``tune_tir`` / ``tune_relax`` with their defaults; ``warm`` swaps in a persistent, fast-importing build pool."""
-    spec, mod = _setup(workload)
+    spec, mod = _setup(workload, target_name)
+    from cost_models.energy import EnergyLedger, cpu_meter, gpu_meter
+
+    ledger = EnergyLedger(cpu_meter(), gpu_meter(_gpus(spec)))
     cpu_before = _cpu_s()
     started = time.monotonic()
     builder: Any = "local"
@@ -61,13 +64,18 @@ def stock(workload: str, trials: int, work_dir: str, warm: bool) -> dict[str, An
     records = db.get_all_tuning_records()
     secs = [s for s in (statistics.fmean(float(x) for x in r.run_secs) for r in records if r.run_secs) if s < 1e9]
     wasted = never_improved(records)
-    from cost_models.energy import EnergyLedger
-
     cpu = _cpu_s() - cpu_before
-    bill = EnergyLedger().bill({"all": {"cpu_s": cpu, "device_s": runner.busy_s}}, wall, 1,
+    bill = ledger.bill({"all": {"cpu_s": cpu, "device_s": runner.busy_s}}, wall, 1,
                                {"measurements": wasted, "of": len(records), "cpu_s": 0.0, "device_s": 0.0})
     bill["device_s_measuring"] = round(runner.busy_s, 3)
     return {"wall_s": wall, "valid_trials": len(secs), "best_logged_s": min(secs, default=None), "bill": bill}
+
+
+def _gpus(spec: Any) -> list[int]:
+    """The CUDA devices a run on ``spec`` measures on, for NVML's energy counter (none on a CPU target)."""
+    from measure.slots import discover
+
+    return [s.device_id for s in discover(None, spec.kind, spec.num_cores) if s.kind == "cuda"]
 
 
 def never_improved(records: list[Any]) -> int:
@@ -146,12 +154,13 @@ def _warm_builder(workers: int) -> Any:
 
 
 def autotune(workload: str, trials: int, work_dir: str, *, policies: str = "off", round_size: int | None = None,
-             warm_start: str | None = None) -> dict[str, Any]:
+             warm_start: str | None = None, target_name: str = "cpu") -> dict[str, Any]:
     """Our session (budget split, parallel engine, final ranking) on the same workload and budget.
 
     ``policies``: "off" (the engine alone) or "trimmer" (candidate filter and preemption, defaults).
+    Both bill with the same meters (NVML on a GPU target), so their energy compares.
     """
-    spec, mod = _setup(workload)
+    spec, mod = _setup(workload, target_name)
     started, started_at = time.monotonic(), time.time()
     from measure.tvm_import import import_meta_schedule
 
@@ -159,7 +168,7 @@ def autotune(workload: str, trials: int, work_dir: str, *, policies: str = "off"
     from autotune.budget import split_budget
     from autotune.frontend import prepare_for_tuning
     from autotune.pipeline import run_tuning
-    from autotune.policies import Policies, PolicySettings, build_policies
+    from autotune.policies import PolicySettings, build_policies
     from autotune.session import MEASUREMENTS_LOG
     from autotune.tasks import Task, extract_tasks
     from results.report import read_measurements
@@ -173,11 +182,9 @@ def autotune(workload: str, trials: int, work_dir: str, *, policies: str = "off"
         tasks = extract_tasks([prepare_for_tuning(mod, target)], target)
     plan = split_budget(tasks, trials, floor=8)
     warnings: list[str] = []
-    if policies == "trimmer":
-        chosen = build_policies(PolicySettings(warm_start=(warm_start,) if warm_start else ()), target,
-                                spec.num_cores, 0, [], warnings.append)
-    else:
-        chosen = Policies.off(spec.num_cores)
+    settings = (PolicySettings(warm_start=(warm_start,) if warm_start else ()) if policies == "trimmer"
+                else PolicySettings(filter=False, preemption=False))
+    chosen = build_policies(settings, target, spec.num_cores, 0, _gpus(spec), warnings.append)
     session, _ = run_tuning(tasks, plan, spec, target, work_dir, round_size=round_size, policies=chosen)
     wall = time.monotonic() - started
     log = read_measurements(f"{work_dir}/{MEASUREMENTS_LOG}")
@@ -216,10 +223,11 @@ if __name__ == "__main__":
     parser.add_argument("--policies", choices=("off", "trimmer"), default="off")
     parser.add_argument("--round-size", type=int, default=None)
     parser.add_argument("--warm-start")
+    parser.add_argument("--target", default="cpu")
     args = parser.parse_args()
     if args.arm == "autotune":
         out = autotune(args.workload, args.trials, args.work_dir, policies=args.policies, round_size=args.round_size,
-                       warm_start=args.warm_start)
+                       warm_start=args.warm_start, target_name=args.target)
     else:
-        out = stock(args.workload, args.trials, args.work_dir, warm=args.arm == "warm_stock")
+        out = stock(args.workload, args.trials, args.work_dir, warm=args.arm == "warm_stock", target_name=args.target)
     print(json.dumps(out))

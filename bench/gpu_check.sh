@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# GPU check: on a machine with an NVIDIA GPU, tune a matmul and a convolution on the GPU with
-# autotune's engine and with stock MetaSchedule side by side, check the engine's parallel
-# timings against isolated ones, and write results/bench/gpu.json. Also runs the GPU tests.
-#   bench/gpu_check.sh [--trials 64] [--candidates 48] [--kernels matmul512 conv3x3_resnet18]
+# GPU check: on a machine with an NVIDIA GPU, run the GPU tests, then one of
+#   bench/gpu_check.sh kernels [--trials 64] [--candidates 48] [--kernels matmul512 conv3x3_resnet18]
+#     tune a matmul and a convolution with autotune's engine and with stock MetaSchedule side by
+#     side, check the engine's parallel timings against isolated ones: results/bench/gpu.json
+#   bench/gpu_check.sh trimmer [--workloads matmul512] [--trials 160]
+#     the Trimmer benchmark on the GPU, engine alone against engine with filter and preemption,
+#     energy from NVML's counter: results/bench/trimmer_cuda.json
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! nvidia-smi -L; then
@@ -21,4 +24,10 @@ fi
 if [ -z "${SKIP_GPU_TESTS:-}" ]; then
     "$PY" -m pytest -q -rs tests/test_devices.py -k "gpu or cuda" || echo "gpu_check: GPU tests FAILED (above)" >&2
 fi
-exec "$PY" -m bench.gpu "$@"
+phase=${1:-kernels}
+shift || true
+case "$phase" in
+    kernels) exec "$PY" -m bench.gpu "$@" ;;
+    trimmer) exec "$PY" -m bench.trimmer --target cuda --workloads matmul512 --arms engine,trimmer "$@" ;;
+    *) echo "gpu_check: unknown phase '$phase'; expected kernels or trimmer" >&2; exit 2 ;;
+esac

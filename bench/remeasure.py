@@ -1,4 +1,4 @@
-"""Re-measure candidates side by side: ``python -m bench.remeasure WORKLOAD NAME=DB_DIR[@INDEX] ...``.
+"""Re-measure candidates side by side: ``python -m bench.remeasure [--target T] WORKLOAD NAME=DB_DIR[@INDEX] ...``.
 
 Kernels: each named database's best record (or, with ``@INDEX``, its INDEX-th record in
 commit order) is rebuilt as tuning builds it (weight-layout rewrite
@@ -10,8 +10,8 @@ arm is printed as JSON.
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -58,15 +58,13 @@ def _timer(workload: str, spec: str, target: Any, dev: Any) -> Any:
     return lambda: f(*args).results
 
 
-def remeasure(workload: str, arms: dict[str, str]) -> dict[str, float | None]:
+def remeasure(workload: str, arms: dict[str, str], target_name: str = "cpu") -> dict[str, float | None]:
     from autotune.target import resolve_target
     from measure.tvm_import import import_meta_schedule
 
-    spec = resolve_target("cpu")
+    spec = resolve_target(target_name)
     import_meta_schedule()
-    import tvm
-
-    target, dev = spec.tvm_target(), tvm.cpu(0)
+    target, dev = spec.tvm_target(), spec.device()
     timers = {arm: _timer(workload, path, target, dev) for arm, path in arms.items()}
     samples: dict[str, list[float]] = {arm: [] for arm in arms}
     for _ in range(TURNS):
@@ -77,4 +75,9 @@ def remeasure(workload: str, arms: dict[str, str]) -> dict[str, float | None]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(remeasure(sys.argv[1], dict(a.split("=", 1) for a in sys.argv[2:]))))
+    parser = argparse.ArgumentParser(description="re-time arms side by side; prints one JSON line")
+    parser.add_argument("--target", default="cpu")
+    parser.add_argument("workload", choices=sorted(WORKLOADS))
+    parser.add_argument("arms", nargs="+", metavar="NAME=DB_DIR[@INDEX]")
+    args = parser.parse_args()
+    print(json.dumps(remeasure(args.workload, dict(a.split("=", 1) for a in args.arms), args.target)))

@@ -1,6 +1,7 @@
 """Trimmer benchmark: what the candidate filter and preemption save, at what cost in model latency.
 
     python -m bench.trimmer [--workloads matmul512,conv3x3_resnet18,mlp,resnet18,bert_layer]
+                            [--target cuda --arms engine,trimmer]
 
 Arms, each in its own process, one after another on the same machine, same budget:
   stock    MetaSchedule's tune_tir / tune_relax with a warm build pool (stock defaults build
@@ -10,7 +11,9 @@ Arms, each in its own process, one after another on the same machine, same budge
 For zoo:resnet18 a fourth arm, trimmer_warm, is the trimmer arm again with its latency model
 started from the first trimmer run's saved model. Final latencies (the kernel's best, or the
 compiled model) are re-measured side by side in turns. Results merge into
-results/bench/trimmer.{json,md} by workload, so workloads can be run separately.
+results/bench/trimmer.{json,md} by workload, so workloads can be run separately (a first run at
+another budget keeps the runs it replaces, listed as earlier); a run on
+another target (``--target cuda``: energy from NVML's counter) goes to trimmer_<target>.{json,md}.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import platform
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,36 +32,40 @@ from bench.tuning import _run_json
 from bench.workloads import WORKLOADS
 
 OUT_DIR = Path("results/bench")
-# (trials, round size): kernels and the MLP's three tasks get 10 and 8 rounds, long enough for a plateau
-# to show; the two larger models about 16 trials per task in rounds of 8, which is all this 2-core host
-# affords for four runs of 27 tasks
-BUDGETS = {"matmul512": (160, 16), "conv3x3_resnet18": (160, 16), "mlp": (384, 16), "resnet18": (432, 8),
+# (trials, round size): the kernels 20 rounds and the MLP's three tasks 8 rounds each, long enough to reach
+# their plateau (at 10 rounds the kernels were still improving: there was little to trim); the two larger
+# models about 16 trials per task in rounds of 8, which is all this 2-core host affords for four runs of 27 tasks
+BUDGETS = {"matmul512": (320, 16), "conv3x3_resnet18": (320, 16), "mlp": (384, 16), "resnet18": (432, 8),
            "bert_layer": (288, 8)}
 WARM_WORKLOAD = "resnet18"
+ARMS = ("stock", "engine", "trimmer", "trimmer_warm")
 TARGETS = {"device_s_saving": 0.40, "energy_saving": 0.40, "latency_ratio": 1.02, "drop_rate": 0.05}
 
 
-def bench_workload(name: str, work_root: Path) -> dict[str, Any]:
-    trials, round_size = BUDGETS[name]
+def bench_workload(name: str, work_root: Path, target: str = "cpu", chosen: Sequence[str] = ARMS,
+                   trials: int | None = None) -> dict[str, Any]:
+    trials, round_size = trials or BUDGETS[name][0], BUDGETS[name][1]
     arms: dict[str, Any] = {}
     plan = [("stock", ["warm_stock"]), ("engine", ["autotune", "--policies", "off"]),
-            ("trimmer", ["autotune", "--policies", "trimmer"])]
-    if name == WARM_WORKLOAD:
-        plan.append(("trimmer_warm", ["autotune", "--policies", "trimmer", "--warm-start",
-                                      str(work_root / name / "trimmer" / "cost_model")]))
+            ("trimmer", ["autotune", "--policies", "trimmer"]),
+            ("trimmer_warm", ["autotune", "--policies", "trimmer", "--warm-start",
+                              str(work_root / name / "trimmer" / "cost_model")])]
     for arm, args in plan:
+        if arm not in chosen or (arm == "trimmer_warm" and name != WARM_WORKLOAD):
+            continue
         work_dir = work_root / name / arm
         shutil.rmtree(work_dir, ignore_errors=True)
         work_dir.mkdir(parents=True)
         print(f"[{name}] {arm} ...", file=sys.stderr, flush=True)
         result, failure = _run_json(["bench.arms", args[0], name, str(trials), str(work_dir), *args[1:],
-                                     "--round-size", str(round_size)], None)
+                                     "--round-size", str(round_size), "--target", target], None)
         arms[arm] = result or {"failure": failure}
         print(f"[{name}] {arm}: wall {arms[arm].get('wall_s')}", file=sys.stderr, flush=True)
     dirs = {arm: str(work_root / name / arm / ("" if arm == "stock" else "ranked")) for arm in arms
             if "failure" not in arms[arm]}
     print(f"[{name}] re-measuring final latencies side by side ...", file=sys.stderr, flush=True)
-    isolated, failure = _run_json(["bench.remeasure", name, *(f"{a}={d}" for a, d in dirs.items())], None)
+    isolated, failure = _run_json(["bench.remeasure", "--target", target, name,
+                                   *(f"{a}={d}" for a, d in dirs.items())], None)
     rows = {arm: _row(r, (isolated or {}).get(arm)) for arm, r in arms.items()}
     result = {"description": WORKLOADS[name].description, "trials": trials, "round_size": round_size, "arms": rows,
               "trimmer_vs_engine": _compare(rows["engine"], rows["trimmer"])}
@@ -81,7 +89,9 @@ def _row(arm: dict[str, Any], final_s: float | None) -> dict[str, Any]:
         "screened": arm.get("screened", 0),
         "device_s_measuring": bill["device_s_measuring"],
         "energy_j": bill["energy_j"],
+        "gpu_energy_j": bill.get("gpu_energy_j"),
         "energy_method": bill["method"]["cpu"],
+        "gpu_energy_method": bill["method"]["gpu"],
         "cpu_s": bill["cpu_s"],
         "wasted_share": round(wasted["measurements"] / wasted["of"], 3) if wasted["of"] else None,
     }
@@ -132,25 +142,31 @@ def _warm(first: dict[str, Any], warm: dict[str, Any]) -> dict[str, Any]:
             "warm_final_model_latency_s": warm["curve"][-1][1] if warm.get("curve") else None}
 
 
-def write_tables(report: dict[str, Any]) -> None:
+def write_tables(report: dict[str, Any], stem: str = "trimmer") -> None:
     OUT_DIR.mkdir(parents=True, exist_ok=True)
-    (OUT_DIR / "trimmer.json").write_text(json.dumps(report, indent=2))
+    (OUT_DIR / f"{stem}.json").write_text(json.dumps(report, indent=2))
     us = lambda v: "-" if v is None else f"{v * 1e6:.1f}"  # noqa: E731
     pct = lambda v: "-" if v is None else f"{v:.0%}"  # noqa: E731
+    kj = lambda v: "-" if v is None else f"{v / 1000:.2f}"  # noqa: E731
+    gpu = report.get("target", "cpu") == "cuda"
     lines = [f"# Trimmer benchmark ({report['machine']})", "",
              "| workload | arm | final latency (us) | wall (s) | measured | screened | device-s measuring "
-             "| energy (kJ, est.) | never improved a best | drop rate: beat the best then / ended the best |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             + ("| energy (kJ, GPU measured + CPU est.) | of it GPU (kJ, NVML) |" if gpu else "| energy (kJ, est.) |")
+             + " never improved a best | drop rate: beat the best then / ended the best |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if gpu else "") + " ---: | ---: |"]
     runs = [(name, w) for name, w in report["workloads"].items()]
     runs += [(f"{name} (rerun)", w) for name, reruns in report.get("reruns", {}).items() for w in reruns]
+    runs += [(f"{name} (earlier, {w['trials']} trials)", w) for name, old in report.get("superseded", {}).items()
+             for w in old]
     for name, w in runs:
         for arm, r in w["arms"].items():
             if "failure" in r:
                 lines.append(f"| {name} | {arm} | failed: {r['failure']} |||||||| ")
                 continue
             lines.append(f"| {name} | {arm} | {us(r['final_latency_s'])} | {r['wall_s']:.0f} | {r['measured']} | "
-                         f"{r['screened']} | {r['device_s_measuring']:.1f} | {r['energy_j'] / 1000:.2f} | "
-                         f"{pct(r['wasted_share'])} | {pct(r.get('drop_rate'))} / {pct(r.get('final_best_drop_rate'))} |")
+                         f"{r['screened']} | {r['device_s_measuring']:.1f} | {kj(r['energy_j'])} | "
+                         + (f"{kj(r.get('gpu_energy_j'))} | " if gpu else "")
+                         + f"{pct(r['wasted_share'])} | {pct(r.get('drop_rate'))} / {pct(r.get('final_best_drop_rate'))} |")
     lines += ["", "| workload | trials (round) | device-s saved | energy saved | wall saved | latency trimmer / engine "
               "| targets met |", "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
     for name, w in runs:
@@ -168,8 +184,11 @@ def write_tables(report: dict[str, Any]) -> None:
                   f"({us(warm['goal_model_latency_s'])} us) after {warm['first_run_reached_s']:.0f} s; the run whose "
                   f"latency model started from it reached the same latency {sooner}"
                   + (f" ({warm['sooner_ratio']}x sooner)." if warm["sooner_ratio"] else ".")]
-    lines += ["", "Energy is estimated (this VM exposes no RAPL counter): CPU-seconds of every process of the arm "
-              "x 7.5 W per busy core. Device-seconds: time the measuring device was busy timing candidates (for "
+    energy = ("Energy: the GPU's own counter (NVML total energy, measured) plus the CPUs' share, estimated "
+              "(no RAPL counter readable) as CPU-seconds of every process of the arm x 7.5 W per busy core. "
+              if gpu else "Energy is estimated (this VM exposes no RAPL counter): CPU-seconds of every process of "
+              "the arm x 7.5 W per busy core. ")
+    lines += ["", energy + "Device-seconds: time the measuring device was busy timing candidates (for "
               "stock, its runner's wall time). Drop rate: of the candidates the filter dropped or would have dropped "
               "and measured all the same (its random exploration sample; every proposal of the rounds it did not "
               "filter), the share that beat their task's best at the time, and the share that ended as their "
@@ -177,32 +196,49 @@ def write_tables(report: dict[str, Any]) -> None:
               "recorded, which are held to the first). "
               f"Targets (trimmer vs engine): device-s and energy saved >= {TARGETS['device_s_saving']:.0%}, "
               f"latency ratio <= {TARGETS['latency_ratio']}, drop rate < {TARGETS['drop_rate']:.0%}."]
-    (OUT_DIR / "trimmer.md").write_text("\n".join(lines) + "\n")
+    if report.get("notes"):
+        lines += ["", *(f"- {note}" for note in report["notes"])]
+    (OUT_DIR / f"{stem}.md").write_text("\n".join(lines) + "\n")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", default=",".join(BUDGETS))
     parser.add_argument("--work-root", type=Path, default=Path("results/bench/work/trimmer"))
+    parser.add_argument("--target", default="cpu", help="cpu, or cuda on a machine with an NVIDIA GPU")
+    parser.add_argument("--arms", default=",".join(ARMS), help="which arms to run; engine and trimmer at least")
     parser.add_argument("--rerun", action="store_true",
                         help="keep the recorded results and add these runs as reruns, compared side by side")
+    parser.add_argument("--trials", type=int, help="override each workload's trial budget (its round size kept)")
     args = parser.parse_args()
-    from autotune.target import host_cores
+    names, chosen = args.workloads.split(","), args.arms.split(",")
+    for what, given, known in (("workload", names, BUDGETS), ("arm", chosen, ARMS)):
+        unknown = [g for g in given if g not in known]
+        if unknown:
+            raise SystemExit(f"unknown {what} {unknown[0]!r}; expected one of {', '.join(known)}")
+    if not {"engine", "trimmer"} <= set(chosen):
+        raise SystemExit(f"--arms {args.arms}: the comparison needs at least engine and trimmer")
+    from autotune.target import host_cores, resolve_target
 
-    path = OUT_DIR / "trimmer.json"
+    stem = "trimmer" if args.target == "cpu" else f"trimmer_{args.target}"
+    path = OUT_DIR / f"{stem}.json"
     report = json.loads(path.read_text()) if path.exists() else {"workloads": {}}
-    report.update({"machine": f"{platform.processor() or platform.machine()}, {host_cores()} cores",
+    device = resolve_target(args.target).device_name if args.target != "cpu" else None
+    report.update({"machine": f"{platform.processor() or platform.machine()}, {host_cores()} cores"
+                   + (f", {device}" if device else ""), "target": args.target,
                    "date": time.strftime("%Y-%m-%d"), "targets": TARGETS})
-    for name in args.workloads.split(","):
-        if name not in BUDGETS:
-            raise SystemExit(f"unknown workload {name!r}; expected one of {', '.join(BUDGETS)}")
-        result = bench_workload(name, args.work_root)
+    for name in names:
+        result = bench_workload(name, args.work_root / args.target, args.target, chosen, args.trials)
+        recorded = report["workloads"].get(name)
         if args.rerun:
             report.setdefault("reruns", {}).setdefault(name, []).append(result)
         else:
+            if recorded and recorded["trials"] != result["trials"]:  # another budget: keep the old runs, marked
+                report.setdefault("superseded", {}).setdefault(name, []).extend(
+                    [recorded, *report.get("reruns", {}).pop(name, [])])
             report["workloads"][name] = result
-        write_tables(report)
-    print((OUT_DIR / "trimmer.md").read_text())
+        write_tables(report, stem)
+    print((OUT_DIR / f"{stem}.md").read_text())
 
 
 if __name__ == "__main__":

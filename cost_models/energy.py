@@ -138,6 +138,8 @@ class EnergyLedger:
         bill = {
             "energy_j": round(total_j, 1),
             "energy_wh": round(total_j / 3600, 4),
+            "cpu_energy_j": round(cpu_j, 1),
+            "gpu_energy_j": None if gpu_j is None else round(gpu_j, 1),
             "method": {"cpu": cpu_label, "gpu": self.gpu.label + " (measured)" if self.gpu else None},
             "estimated": self.cpu is None,
             "phases": phases,

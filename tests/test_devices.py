@@ -77,6 +77,22 @@ def test_gpu_candidates_are_timed_on_device(tmp_path):
     assert all(m.slot == "cuda:0" for m in results if m.ok)
 
 
+@pytest.mark.skipif(not HAS_GPU, reason="needs an NVIDIA GPU")
+def test_gpu_energy_comes_from_nvml_and_is_billed_as_measured():
+    from cost_models.energy import EnergyLedger, gpu_meter
+
+    meter = gpu_meter([0])
+    assert meter is not None, "NVML offers no total-energy counter on this GPU"
+    ledger = EnergyLedger(gpu=meter)
+    time.sleep(1.0)  # even idle, a data-centre GPU draws tens of watts
+    bill = ledger.bill({"measure": {"cpu_s": 0.5, "device_s": 1.0}}, wall_s=1.0, devices=1,
+                       wasted={"measurements": 0, "of": 1, "cpu_s": 0.0, "device_s": 0.0})
+    assert bill["method"]["gpu"] == "NVML GPU energy (measured)"
+    assert 5 < bill["gpu_energy_j"] < 2000
+    assert bill["energy_j"] == pytest.approx(bill["gpu_energy_j"] + bill["cpu_energy_j"], abs=0.2)
+    assert bill["phases"]["measure"]["energy_j"] == pytest.approx(bill["energy_j"], abs=0.2)
+
+
 def test_the_cuda_target_carries_what_the_search_space_needs(tmp_path):
     """Candidates for an H200 (sm_90) are generated and built here: only their timing needs the GPU."""
     import tvm
