@@ -114,7 +114,9 @@ def tune(
         s = outcome.summary()
         eager = f", PyTorch eager {s['torch_eager_ms']:.3f} ms" if s["torch_eager_ms"] else ""
         print(f"tuned latency {s['tuned_ms']:.3f} ms (batch {s['batch_size']}, {s['threads']} threads){eager}")
-        label = "estimated" if s["energy_estimated"] else "measured"
+        gpu_j = s["gpu_energy_j"]
+        label = ("measured" if not s["energy_estimated"] else "estimated" if gpu_j is None
+                 else f"GPU {gpu_j / 1000:.2f} kJ measured by NVML, CPU estimated")
         cost = f", cost {s['cost']:.4f}" if "cost" in s else ""
         print(f"tuning energy {s['energy_j'] / 1000:.2f} kJ ({label}), {s['device_s_measuring']:.1f} device-s measuring, "
               f"{s['screened']} proposals screened out{cost}")

@@ -59,6 +59,7 @@ class TuneOutcome:
             "stopped_early": t["policies"]["preemption"]["job_stopped"],
             "energy_j": t["energy"]["energy_j"],
             "energy_estimated": t["energy"]["estimated"],
+            "gpu_energy_j": t["energy"].get("gpu_energy_j"),  # NVML's part; None on a CPU target
             "device_s_measuring": t["energy"]["device_s_measuring"],
             "wasted_share": _share(t["energy"]["wasted"]),
             **({"cost": t["energy"]["cost"]} if "cost" in t["energy"] else {}),

@@ -253,6 +253,7 @@ def test_the_artifact_carries_the_model_and_the_bill(tuned_run):
     assert 0 <= bill["wasted"]["measurements"] <= bill["wasted"]["of"] - len(manifest["tasks"])
     summary = tuned_run.summary()
     assert summary["energy_j"] == bill["energy_j"] > 0 and summary["energy_estimated"] is True
+    assert summary["gpu_energy_j"] is None and bill["cpu_energy_j"] == bill["energy_j"]  # a CPU job: no NVML part
     assert "Tuning energy" in (tuned_run.artifact / "report.md").read_text()
 
 
