@@ -21,6 +21,7 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune.cli import app
+from containers.backends import PERIOD_US
 from containers.planner.config import StageConfig
 from containers.planner.estimator import Estimator
 from containers.planner.frontend import UNFINISHED, Frontend, LiveQueries, stage_inputs
@@ -215,5 +216,8 @@ def test_a_two_stage_plan_served_on_docker_loses_nothing_and_tracks_its_predicti
     assert record["measured"]["queries"] == live.size and record["measured"]["failed"] == 0
     assert docker_backend.list() == []
     assert (tmp_path / "run" / "live.json").is_file() and (tmp_path / "run" / "live.png").is_file()
-    measured, predicted = record["measured"]["p99_ms"], record["predicted"]["p99_ms"]
-    assert predicted / 3 - 5 <= measured <= 3 * predicted + 10, record["measured"]
+    measured, predicted = record["measured"], record["predicted"]
+    # The body of the live distribution tracks the Estimator's. The tail of an 8 s run rests on its three slowest
+    # queries, and a half-core replica's CFS quota can hold one for half a period: its bound allows that.
+    assert predicted["p50_ms"] / 3 - 5 <= measured["p50_ms"] <= 3 * predicted["p50_ms"] + 5, (measured, predicted)
+    assert measured["p99_ms"] <= 3 * predicted["p99_ms"] + PERIOD_US / 2e3 + 10, (measured, predicted)
