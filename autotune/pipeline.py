@@ -138,10 +138,10 @@ def _check_devices(config: TuneConfig, target_spec: Any) -> None:
 
 
 def _tune(config: TuneConfig, prepared: PreparedModel, observer: PipelineObserver) -> tuple[TuningSession, Any]:
-    from measure.slots import discover
+    from measure.slots import local_gpu_ids
 
     spec = prepared.target_spec
-    gpus = [s.device_id for s in discover(config.devices, spec.kind, spec.num_cores) if s.kind == "cuda"]
+    gpus = local_gpu_ids(config.devices, spec.kind, spec.num_cores)
     warnings: list[str] = []
     observer.on_phase("starting the latency model")
     policies = build_policies(config.policies, prepared.target, spec.num_cores, config.seed, gpus, warnings.append)

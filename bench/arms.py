@@ -39,8 +39,9 @@ def stock(workload: str, trials: int, work_dir: str, warm: bool, target_name: st
     """``tune_tir`` / ``tune_relax`` with their defaults; ``warm`` swaps in a persistent, fast-importing build pool."""
     spec, mod = _setup(workload, target_name)
     from cost_models.energy import EnergyLedger, cpu_meter, gpu_meter
+    from measure.slots import local_gpu_ids
 
-    ledger = EnergyLedger(cpu_meter(), gpu_meter(_gpus(spec)))
+    ledger = EnergyLedger(cpu_meter(), gpu_meter(local_gpu_ids(None, spec.kind, spec.num_cores)))
     cpu_before = _cpu_s()
     started = time.monotonic()
     builder: Any = "local"
@@ -66,16 +67,9 @@ def stock(workload: str, trials: int, work_dir: str, warm: bool, target_name: st
     wasted = never_improved(records)
     cpu = _cpu_s() - cpu_before
     bill = ledger.bill({"all": {"cpu_s": cpu, "device_s": runner.busy_s}}, wall, 1,
-                               {"measurements": wasted, "of": len(records), "cpu_s": 0.0, "device_s": 0.0})
+                       {"measurements": wasted, "of": len(records), "cpu_s": 0.0, "device_s": 0.0})
     bill["device_s_measuring"] = round(runner.busy_s, 3)
     return {"wall_s": wall, "valid_trials": len(secs), "best_logged_s": min(secs, default=None), "bill": bill}
-
-
-def _gpus(spec: Any) -> list[int]:
-    """The CUDA devices a run on ``spec`` measures on, for NVML's energy counter (none on a CPU target)."""
-    from measure.slots import discover
-
-    return [s.device_id for s in discover(None, spec.kind, spec.num_cores) if s.kind == "cuda"]
 
 
 def never_improved(records: list[Any]) -> int:
@@ -171,6 +165,7 @@ def autotune(workload: str, trials: int, work_dir: str, *, policies: str = "off"
     from autotune.policies import PolicySettings, build_policies
     from autotune.session import MEASUREMENTS_LOG
     from autotune.tasks import Task, extract_tasks
+    from measure.slots import local_gpu_ids
     from results.report import read_measurements
 
     target = spec.tvm_target()
@@ -184,7 +179,8 @@ def autotune(workload: str, trials: int, work_dir: str, *, policies: str = "off"
     warnings: list[str] = []
     settings = (PolicySettings(warm_start=(warm_start,) if warm_start else ()) if policies == "trimmer"
                 else PolicySettings(filter=False, preemption=False))
-    chosen = build_policies(settings, target, spec.num_cores, 0, _gpus(spec), warnings.append)
+    chosen = build_policies(settings, target, spec.num_cores, 0, local_gpu_ids(None, spec.kind, spec.num_cores),
+                            warnings.append)
     session, _ = run_tuning(tasks, plan, spec, target, work_dir, round_size=round_size, policies=chosen)
     wall = time.monotonic() - started
     log = read_measurements(f"{work_dir}/{MEASUREMENTS_LOG}")

@@ -149,3 +149,8 @@ def discover(devices: Sequence[str] | None, target_kind: str, threads: int) -> l
     if gpu_ids:
         slots += cuda_slots(gpu_ids)
     return slots
+
+
+def local_gpu_ids(devices: Sequence[str] | None, target_kind: str, threads: int) -> list[int]:
+    """The local CUDA devices that ``discover`` gives slots for: whose energy counters bill the job."""
+    return [s.device_id for s in discover(devices, target_kind, threads) if s.kind == "cuda"]
