@@ -69,10 +69,10 @@ def tune(
                                                            "would not have dropped a new best")] = 3,
     preemption: Annotated[bool, typer.Option("--preemption/--no-preemption",
                                              help="stop tasks and the job when they stop improving")] = True,
-    task_patience: Annotated[int, typer.Option(help="stop a task after more than this many rounds without gain")] = 2,
-    min_task_trials: Annotated[int, typer.Option(help="proposals a task gets before it can be stopped")] = 16,
-    model_window: Annotated[int, typer.Option(help="rounds averaged in the model-latency window")] = 2,
-    model_patience: Annotated[int, typer.Option(help="stop the job after more than this many flat windows")] = 2,
+    task_patience: Annotated[int, typer.Option(help="stop a task after this many proposals in a row without gain")] = 96,
+    min_task_trials: Annotated[int, typer.Option(help="proposals a task gets before it can be stopped")] = 32,
+    model_window: Annotated[int, typer.Option(help="stop the job after this many proposals per live task without "
+                                                   "a gain in the estimated model latency")] = 128,
     min_improvement: Annotated[float, typer.Option(help="a gain smaller than this share is no gain")] = 0.01,
     warm_start: Annotated[Optional[list[Path]], typer.Option(help="start the latency model from a saved model, "
                                                                   "tuning database, run folder or artifact (repeatable)")] = None,
@@ -98,7 +98,7 @@ def tune(
             tolerance=tolerance, seed=seed,
             policies=PolicySettings(filter, filter_threshold, filter_keep, filter_explore, filter_min_tau,
                                     filter_trust_rounds, preemption,
-                                    task_patience, min_task_trials, model_window, model_patience, min_improvement,
+                                    task_patience, min_task_trials, model_window, min_improvement,
                                     watts_per_core, price_per_hour, tuple(str(p) for p in warm_start or ())),
         )
         observer = SilentProgress() if quiet or as_json else LiveProgress()

@@ -32,10 +32,9 @@ class PolicySettings:
     filter_min_tau: float = 0.0
     filter_trust_rounds: int = 3
     preemption: bool = True
-    task_patience: int = 2
-    min_task_trials: int = 16
-    model_window: int = 2
-    model_patience: int = 2
+    task_patience: int = 96
+    min_task_trials: int = 32
+    model_window: int = 128
     min_improvement: float = 0.01
     watts_per_core: float = DEFAULT_WATTS_PER_CORE
     price_per_hour: float | None = None
@@ -62,8 +61,7 @@ class PolicySettings:
     def preemption_policy(self) -> Preemption:
         if not self.preemption:
             return NeverPreempt()
-        return PlateauPreemption(self.task_patience, self.min_task_trials, self.model_window, self.model_patience,
-                                 self.min_improvement)
+        return PlateauPreemption(self.task_patience, self.min_task_trials, self.model_window, self.min_improvement)
 
 
 @dataclass

@@ -345,7 +345,7 @@ class TuningSession:
                 log.write(json.dumps({
                     "task": state.task.name, "trial": state.trials, "latency_s": None if not m.ok else m.latency,
                     "error": m.error, "elapsed_s": round(time.monotonic() - started, 3),
-                    "at": round(m.at or time.time(), 3), "improved": better,
+                    "at": round(m.at or time.time(), 3), "improved": better, "proposed_by": plan.kind,
                 }) + "\n")
             results.append(RunnerResult([m.latency], None) if m.ok else RunnerResult(None, m.error))
             latencies.append(m.latency)

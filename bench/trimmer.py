@@ -12,7 +12,8 @@ For zoo:resnet18 a fourth arm, trimmer_warm, is the trimmer arm again with its l
 started from the first trimmer run's saved model. Final latencies (the kernel's best, or the
 compiled model) are re-measured side by side in turns. Results merge into
 results/bench/trimmer.{json,md} by workload, so workloads can be run separately (a first run at
-another budget keeps the runs it replaces, listed as earlier); a run on
+another budget keeps the runs it replaces, listed as earlier, and so does a run under
+another preemption rule); a run on
 another target (``--target cuda``: energy from NVML's counter) goes to trimmer_<target>.{json,md}.
 """
 
@@ -101,7 +102,7 @@ def _row(arm: dict[str, Any], final_s: float | None) -> dict[str, Any]:
         row["drop_rate"] = p["filter"].get("would_be_best_drop_rate")
         row["final_best_drop_rate"] = p["filter"].get("final_best_drop_rate")
         row["filter"] = {k: v for k, v in p["filter"].items() if k != "filter"}
-        row["preemption"] = {"tasks_stopped": len(p["preemption"]["tasks_stopped"]),
+        row["preemption"] = {"rule": p["preemption"].get("rule"), "tasks_stopped": len(p["preemption"]["tasks_stopped"]),
                              "job_stopped": p["preemption"]["job_stopped"]}
         row["model_tau"] = p["latency_model"]["mean_tau_trained"]
         row["curve"] = arm["curve"]
@@ -142,6 +143,14 @@ def _warm(first: dict[str, Any], warm: dict[str, Any]) -> dict[str, Any]:
             "warm_final_model_latency_s": warm["curve"][-1][1] if warm.get("curve") else None}
 
 
+ROUNDS_RULE = "patience counted in rounds"  # runs before the rule was recorded: Trimmer's flat-batch count, in rounds
+
+
+def _setup(result: dict[str, Any]) -> tuple[int, str]:
+    """What a run's figures depend on besides the search's luck: its budget and the trimmer arm's preemption rule."""
+    return result["trials"], result["arms"]["trimmer"].get("preemption", {}).get("rule") or ROUNDS_RULE
+
+
 def write_tables(report: dict[str, Any], stem: str = "trimmer") -> None:
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     (OUT_DIR / f"{stem}.json").write_text(json.dumps(report, indent=2))
@@ -156,8 +165,8 @@ def write_tables(report: dict[str, Any], stem: str = "trimmer") -> None:
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if gpu else "") + " ---: | ---: |"]
     runs = [(name, w) for name, w in report["workloads"].items()]
     runs += [(f"{name} (rerun)", w) for name, reruns in report.get("reruns", {}).items() for w in reruns]
-    runs += [(f"{name} (earlier, {w['trials']} trials)", w) for name, old in report.get("superseded", {}).items()
-             for w in old]
+    runs += [(f"{name} (earlier: {w['trials']} trials, {_setup(w)[1]})", w)
+             for name, old in report.get("superseded", {}).items() for w in old]
     for name, w in runs:
         for arm, r in w["arms"].items():
             if "failure" in r:
@@ -168,7 +177,7 @@ def write_tables(report: dict[str, Any], stem: str = "trimmer") -> None:
                          + (f"{kj(r.get('gpu_energy_j'))} | " if gpu else "")
                          + f"{pct(r['wasted_share'])} | {pct(r.get('drop_rate'))} / {pct(r.get('final_best_drop_rate'))} |")
     lines += ["", "| workload | trials (round) | device-s saved | energy saved | wall saved | latency trimmer / engine "
-              "| targets met |", "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
+              "| preemption counted in | targets met |", "| --- | --- | ---: | ---: | ---: | ---: | --- | --- |"]
     for name, w in runs:
         c = w["trimmer_vs_engine"]
         if "targets_met" not in c:
@@ -176,7 +185,8 @@ def write_tables(report: dict[str, Any], stem: str = "trimmer") -> None:
         met = ", ".join(k for k, v in c["targets_met"].items() if v) or "none"
         lines.append(f"| {name} | {w['trials']} ({w['round_size']}) | {pct(c['device_s_saving'])} | "
                      f"{pct(c['energy_saving'])} | {pct(c['wall_saving'])} | "
-                     f"{'-' if c['latency_ratio'] is None else format(c['latency_ratio'], '.3f')} | {met} |")
+                     f"{'-' if c['latency_ratio'] is None else format(c['latency_ratio'], '.3f')} | "
+                     f"{'rounds' if _setup(w)[1] == ROUNDS_RULE else 'proposals'} | {met} |")
     warm = report["workloads"].get(WARM_WORKLOAD, {}).get("warm_start")
     if warm and "goal_model_latency_s" in warm:
         sooner = "never" if warm["warm_run_reached_s"] is None else f"after {warm['warm_run_reached_s']:.0f} s"
@@ -233,7 +243,7 @@ def main() -> None:
         if args.rerun:
             report.setdefault("reruns", {}).setdefault(name, []).append(result)
         else:
-            if recorded and recorded["trials"] != result["trials"]:  # another budget: keep the old runs, marked
+            if recorded and _setup(recorded) != _setup(result):  # another budget or rule: keep the old runs, marked
                 report.setdefault("superseded", {}).setdefault(name, []).extend(
                     [recorded, *report.get("reruns", {}).pop(name, [])])
             report["workloads"][name] = result

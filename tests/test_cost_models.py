@@ -112,31 +112,54 @@ def test_rank_quality_is_kendall_tau_against_throughput():
 # -- preemption ----------------------------------------------------------------------------------
 
 
-def test_task_stops_after_patience_rounds_without_gain_and_only_after_its_minimum():
-    p = PlateauPreemption(task_patience=2, min_task_trials=48, model_patience=100)
-    rounds = [(math.inf, 10.0, 16), (10.0, 10.0, 24), (10.0, 9.95, 32), (9.95, 9.95, 40), (9.95, 9.95, 48)]
+def test_task_stops_after_patience_proposals_without_gain_and_only_after_its_minimum():
+    p = PlateauPreemption(task_patience=32, min_task_trials=56, model_window=10**6)
+    rounds = [(math.inf, 10.0, 16), (10.0, 10.0, 24), (10.0, 9.95, 32), (9.95, 9.95, 40), (9.95, 9.91, 48),
+              (9.91, 9.91, 56)]
     stops = [p.after_round([TaskRound("a", before, after, proposed)], after).stop_tasks
              for before, after, proposed in rounds]
-    # 9.95 is within the 1% minimum gain: rounds 2-5 are all without gain. Past the patience of 2 from
-    # round 4 on, but only at 48 proposals has the task had its minimum.
-    assert stops[:4] == [{}, {}, {}, {}]
-    assert "a" in stops[4] and "4 rounds" in stops[4]["a"]
+    # 9.95, then 9.91, are within the 1% minimum gain of 10.0: 8 proposals a round without gain from the
+    # second round on. The patience of 32 is reached at 48 proposals, but the task's minimum only at 56.
+    assert stops[:5] == [{}, {}, {}, {}, {}]
+    assert "a" in stops[5] and "40 proposals" in stops[5]["a"]
+
+
+def test_small_gains_that_add_up_to_the_minimum_reset_the_patience():
+    p = PlateauPreemption(task_patience=24, min_task_trials=0, model_window=10**6)
+    best, stops = 10.0, []
+    for proposed in range(16, 16 * 8, 16):  # 0.6% a round: no single round gains 1%, every second round has since
+        stops.append(p.after_round([TaskRound("a", best, best * 0.994, proposed)], best * 0.994).stop_tasks)
+        best *= 0.994
+    assert stops == [{}] * len(stops)
+
+
+def test_the_patience_counts_proposals_not_rounds():
+    """The same 64 flat proposals stop a task in rounds of 8 and in rounds of 32."""
+    for size in (8, 32):
+        p = PlateauPreemption(task_patience=64, min_task_trials=0, model_window=10**6)
+        p.after_round([TaskRound("a", math.inf, 1.0, size, directed=False)], 1.0)
+        stopped_at = next(n for n in range(2 * size, 10**4, size)
+                          if p.after_round([TaskRound("a", 1.0, 1.0, n)], 1.0).stop_tasks)
+        assert stopped_at == size + 64
 
 
 def test_improving_task_is_never_stopped():
-    p = PlateauPreemption(task_patience=0, min_task_trials=0)
+    p = PlateauPreemption(task_patience=1, min_task_trials=0, model_window=1)
     best = 10.0
-    for _ in range(6):
-        decision = p.after_round([TaskRound("a", best, best * 0.9, 100)], best * 0.9)
+    for proposed in range(16, 120, 16):
+        decision = p.after_round([TaskRound("a", best, best * 0.9, proposed)], best * 0.9)
         best *= 0.9
         assert decision.stop_tasks == {} and not decision.stop_job
 
 
-def test_job_stops_when_the_model_latency_window_is_flat():
-    p = PlateauPreemption(task_patience=100, min_task_trials=0, model_window=2, model_patience=1)
-    history = [10.0, 8.0, 7.0, 7.0, 7.0, 7.0, 7.0, 7.0]
-    reasons = [p.after_round([], x).stop_job for x in history]
-    assert not any(reasons[:5]) and reasons[-1] and "flat" in reasons[-1]
+def test_job_stops_when_the_model_latency_is_flat_over_its_window_of_proposals_per_task():
+    p = PlateauPreemption(task_patience=10**6, min_task_trials=0, model_window=32)
+    # two tasks, 16 proposals each a round; the model estimate gains in the first three rounds only
+    bests, reasons = iter([10.0, 8.0, 7.0, 7.0, 7.0, 7.0]), []
+    for n in range(16, 16 * 7, 16):
+        estimate = next(bests)
+        reasons.append(p.after_round([TaskRound("a", 1.0, 1.0, n), TaskRound("b", 1.0, 1.0, n)], estimate).stop_job)
+    assert not any(reasons[:4]) and "flat over the last 32 proposals per task" in reasons[4]
     assert not NeverPreempt().after_round([TaskRound("a", 1.0, 1.0, 10**6)], 1.0).stop_tasks
 
 # -- energy --------------------------------------------------------------------------------------
@@ -272,7 +295,7 @@ def test_filter_and_preemption_in_a_real_session(tmp_path):
     policies = Policies(create_latency_model(2, warmup_samples=8),
                         TrimmerFilter(threshold=2.0, keep_share=0.25, explore_share=0.25, min_tau=-1.0,
                                       trust_rounds=1),
-                        PlateauPreemption(task_patience=2, min_task_trials=8, model_patience=100),
+                        PlateauPreemption(task_patience=24, min_task_trials=8, model_window=10**6),
                         EnergyLedger())
     session, ranked = run_tuning(prepared.tasks, prepared.plan, prepared.target_spec, prepared.target,
                                  tmp_path / "tuning", round_size=8, policies=policies)
@@ -292,6 +315,7 @@ def test_filter_and_preemption_in_a_real_session(tmp_path):
     assert len(log) == sum(s.trials for s in session.states) == report["filter"]["measured"]
     assert len(ranked.get_all_tuning_records()) == len(log)
     assert sum(not m["improved"] for m in log) == session.bill["wasted"]["measurements"]
+    assert log[0]["proposed_by"] == "sampled" and {m["proposed_by"] for m in log} <= {"sampled", "evolved", "guided"}
     assert (tmp_path / "tuning" / "cost_model" / "meta.json").exists()
 
 
@@ -315,7 +339,7 @@ def test_policies_and_bill_work_with_the_stock_engine(tmp_path):
 
 
 def test_rounds_of_random_draws_do_not_count_toward_a_plateau():
-    p = PlateauPreemption(task_patience=0, min_task_trials=0)
+    p = PlateauPreemption(task_patience=16, min_task_trials=0, model_window=10**6)
     assert p.after_round([TaskRound("a", 1.0, 1.0, 16, directed=False)], 1.0).stop_tasks == {}
     assert p.after_round([TaskRound("a", 1.0, 1.0, 32, directed=False)], 1.0).stop_tasks == {}
     assert "a" in p.after_round([TaskRound("a", 1.0, 1.0, 48, directed=True)], 1.0).stop_tasks
