@@ -7,10 +7,10 @@ about the directed rounds to come). The session gives its unused trials to the t
 still improving. The whole job stops when the model's estimated latency (the sum of
 weight x task best) has not improved over the last ``model_window`` proposals per live task.
 
-Both rules count proposals, not rounds. Trimmer counts flat batches (more than two), and
-its batches are AutoTVM's 64 measurements; our rounds are an engine setting (8 to 32 a
-task), and a rule in rounds would stop a task after 48 flat proposals at one round size
-and 192 at another. The defaults come from the gaps between the gains of our kernel
+Both rules count proposals, not rounds. Trimmer counts flat batches of its tuner's
+measurements (more than two); our rounds are an engine setting (8 to 32 a task), and a
+rule in rounds would stop a task after 24 flat proposals at one round size and 96 at
+another. The defaults come from the gaps between the gains of our kernel
 searches at 320 trials (README, Preemption).
 """
 
