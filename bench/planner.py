@@ -16,7 +16,8 @@ batch 1, so the load means the same whatever the profiles; the SLO is 4x the pip
 batch-1 service time. Writes results/bench/planner.{json,md}, merging: keys other than
 ``simulated`` (the lead's ``live`` section) are kept.
 
-``--live`` runs the live part on Docker instead (``bench.planner_live``).
+``--live`` runs the live part on Docker instead (``bench.planner_live``); ``--live --rerun`` keeps
+the recorded live run and adds this one as a rerun.
 
 From a clean checkout: ``python -m bench.qoe`` (tunes the two artifacts), then
 ``python -m bench.planner --profile-containers`` (measures them in containers of 0.5, 1 and
@@ -228,13 +229,15 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smoke run: the 3-stage pipeline, one load, short traces")
     parser.add_argument("--out", type=Path, default=OUT_DIR, help="where planner.json and planner.md go")
     parser.add_argument("--live", action="store_true", help="the live part on Docker (bench.planner_live) instead")
+    parser.add_argument("--rerun", action="store_true",
+                        help="with --live: keep the recorded live run and add this one as a rerun")
     parser.add_argument("--profile-containers", action="store_true",
                         help="first measure the default artifacts in containers (Docker), as the committed run did")
     args = parser.parse_args()
     if args.live:
         from bench.planner_live import run_live
 
-        print(json.dumps({k: v for k, v in run_live(args.out).items() if k in ("steady", "step")}, indent=2))
+        print(json.dumps({k: v for k, v in run_live(args.out, rerun=args.rerun).items() if k in ("steady", "step")}, indent=2))
         return
     from containers.planner.pipeline import read_pipeline
 

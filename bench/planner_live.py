@@ -150,8 +150,12 @@ def _setting(sized: dict[str, Any]) -> dict[str, Any]:
             "plan": sized["plan"].to_json()["stages"], "predicted_at_planning": sized["plan"].to_json()["predicted"]}
 
 
-def run_live(out_dir: Path, seed: int = 7) -> dict[str, Any]:
-    """Plan and serve the two-stage pipeline on Docker: a steady run, then a step-up run with the Tuner."""
+def run_live(out_dir: Path, seed: int = 7, rerun: bool = False) -> dict[str, Any]:
+    """Plan and serve the two-stage pipeline on Docker: a steady run, then a step-up run with the Tuner.
+
+    ``rerun``: keep the recorded live run and add this one to its ``reruns`` (its records and
+    plots in folders of their own), so the committed figures show both.
+    """
     import os
 
     from containers.backends.docker import DockerBackend
@@ -172,7 +176,10 @@ def run_live(out_dir: Path, seed: int = 7) -> dict[str, Any]:
                             "client_cores": client,
                             "targets": {"p99_error": LIVE_TARGET_P99_ERROR}, "host": platform.node(),
                             "steady": _setting(steady)}
-    runs = out_dir / "planner"
+    recorded = out_dir / "planner.json"
+    earlier = json.loads(recorded.read_text()).get("live") if rerun and recorded.is_file() else None
+    tag = f"-rerun{len(earlier.get('reruns', [])) + 1}" if earlier else ""
+    steady_dir, step_dir = out_dir / "planner" / f"live-steady{tag}", out_dir / "planner" / f"live-step{tag}"
     with ensure_engine(WORK / "dockerd.log") as engine:
         backend = DockerBackend(engine)
         os.sched_setaffinity(0, client)
@@ -180,9 +187,9 @@ def run_live(out_dir: Path, seed: int = 7) -> dict[str, Any]:
             say("steady")(f"{steady['rate_per_s']} q/s, SLO {steady['slo_ms']} ms, plan {live['steady']['plan']}")
             repeats, answered = [], []  # the same plan and trace served again: how much the measurement itself moves
             for _ in range(LIVE_STEADY_REPEATS):
-                record = apply_plan(steady["plan"], pipeline, steady["trace"], runs / "live-steady", backend=backend,
+                record = apply_plan(steady["plan"], pipeline, steady["trace"], steady_dir, backend=backend,
                                     cores=every, on_event=say("steady"))
-                repeats.append(live_summary(record, runs / "live-steady"))
+                repeats.append(live_summary(record, steady_dir))
                 answered += answered_ms(record)
             errors = sorted(r["p99_error"] for r in repeats if r.get("p99_error") is not None)
             pooled = p99(answered)
@@ -198,10 +205,10 @@ def run_live(out_dir: Path, seed: int = 7) -> dict[str, Any]:
                                            f"simulated Tuner's replicas within {cores:g} cores"}
             else:
                 say("step")(f"{step['rate_per_s']} q/s x{step['step_factor']:g} from {LIVE_STEP_AT_S:g} s, Tuner on")
-                record = apply_plan(step["plan"], small, step["trace"], runs / "live-step", backend=backend,
+                record = apply_plan(step["plan"], small, step["trace"], step_dir, backend=backend,
                                     tuner=True, cores=every, on_event=say("step"))
                 serving = [c["t_s"] for c in record["replica_changes"] if c["event"] == "serving"]
-                live["step"] = {**_setting(step), **live_summary(record, runs / "live-step"),
+                live["step"] = {**_setting(step), **live_summary(record, step_dir),
                                 "step_at_s": LIVE_STEP_AT_S, "step_factor": step["step_factor"],
                                 "simulated_peak_replicas": step["simulated_peak_replicas"],
                                 "p99_before_ms": p99(answered_ms(record, 0.0, LIVE_STEP_AT_S)),
@@ -211,7 +218,9 @@ def run_live(out_dir: Path, seed: int = 7) -> dict[str, Any]:
         finally:
             os.sched_setaffinity(0, every)
             backend.close()
-    write_live(live, out_dir)
+    if earlier:
+        earlier.setdefault("reruns", []).append(live)
+    write_live(earlier or live, out_dir)
     return live
 
 
@@ -221,9 +230,10 @@ def say(run: str) -> Callable[[str], None]:
 
 
 def live_markdown(live: dict[str, Any]) -> str:
-    steady, step = live["steady"], live["step"]
+    """The live section: one table row per run and block (the recorded run, then each rerun), then what each saw."""
     plan = lambda run: ", ".join(f"{n}: {c['hardware']} x{c['replicas']} batch {c['batch_size']}"  # noqa: E731
                                  for n, c in run["plan"].items())
+    blocks = [("", live)] + [(f" (rerun {i})", r) for i, r in enumerate(live.get("reruns", []), 1)]
     lines = ["## Live (Docker)", "",
              f"Pipeline {' -> '.join(live['pipeline'])} on {live['host']} ({live['cores']:g} cores; load generator and "
              f"front end pinned to core {live['client_cores']}, the steady run's replicas a core each); "
@@ -232,28 +242,32 @@ def live_markdown(live: dict[str, Any]) -> str:
              "batch-1 service path.", "",
              "| run | rate q/s | SLO ms | plan | queries | failed | measured p50 / p99 ms | predicted p99 ms (which) "
              "| p99 error | miss rate |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for name, run in (("steady, plan as is", steady), ("rate step, Tuner on", step)):
-        if "skipped" in run:
-            lines.append(f"| {name} | - | - | - | - | - | - | - | - | {run['skipped']} |")
-            continue
-        m, which = run["measured"], run["compared_with"]
-        lines.append(f"| {name} | {run['rate_per_s']} | {run['slo_ms']:g} | {plan(run)} | {m['queries']} | "
-                     f"{m['failed']} | {m['p50_ms']} / {m['p99_ms']} | {run[which]['p99_ms']} "
-                     f"({which.replace('_', ' ')}) | {run.get('p99_error', 0):+.1%} | {m['miss_rate']:.2%} |")
-    reps = steady.get("repeats", [])
-    each = ", ".join(f"{r['measured_p99_ms']} ms ({r['p99_error']:+.1%})" for r in reps)
-    lines += ["", f"Steady run, served {len(reps) or 1} times (the row: the last): measured p99 {each}; median error "
-              f"{steady.get('median_p99_error', steady.get('p99_error', 0)):+.1%}. All {steady.get('pooled_queries')} "
-              f"answered queries of the repeats pooled (one run's p99 rests on its 5 slowest queries): p99 "
-              f"{steady.get('pooled_p99_ms')} ms, error {steady.get('pooled_p99_error', 0):+.1%}; within "
-              f"{LIVE_TARGET_P99_ERROR:.0%}: {steady['met_p99_error']}."]
-    if "skipped" not in step:
-        asked = [f"{c['t_s']:.1f} s {c['stage']} -> {c['replicas']}" for c in step["replica_changes"]
-                 if c["event"] == "asked"]
-        lines += [f"Step run: rate x{step['step_factor']:g} from {step['step_at_s']:g} s; the Tuner asked "
-                  f"{'; '.join(asked) or 'nothing'}; the last replica joined at {step['scaled_at_s']} s. p99 before "
-                  f"the step {step['p99_before_ms']} ms, after it {step['p99_after_ms']} ms, after the last replica "
-                  f"joined {step['p99_after_scaled_ms']} ms.", f"Plots: {steady['plot']}, {step['plot']}."]
+    for tag, block in blocks:
+        for name, run in ((f"steady, plan as is{tag}", block["steady"]), (f"rate step, Tuner on{tag}", block["step"])):
+            if "skipped" in run:
+                lines.append(f"| {name} | - | - | - | - | - | - | - | - | {run['skipped']} |")
+                continue
+            m, which = run["measured"], run["compared_with"]
+            lines.append(f"| {name} | {run['rate_per_s']} | {run['slo_ms']:g} | {plan(run)} | {m['queries']} | "
+                         f"{m['failed']} | {m['p50_ms']} / {m['p99_ms']} | {run[which]['p99_ms']} "
+                         f"({which.replace('_', ' ')}) | {run.get('p99_error', 0):+.1%} | {m['miss_rate']:.2%} |")
+    for tag, block in blocks:
+        steady, step = block["steady"], block["step"]
+        reps = steady.get("repeats", [])
+        each = ", ".join(f"{r['measured_p99_ms']} ms ({r['p99_error']:+.1%})" for r in reps)
+        lines += ["", f"Steady run{tag}, served {len(reps) or 1} times (the row: the last): measured p99 {each}; "
+                  f"median error {steady.get('median_p99_error', steady.get('p99_error', 0)):+.1%}. All "
+                  f"{steady.get('pooled_queries')} answered queries of the repeats pooled (one run's p99 rests on its "
+                  f"{max(1, steady['measured']['queries'] // 100)} slowest queries): p99 {steady.get('pooled_p99_ms')} ms, "
+                  f"error {steady.get('pooled_p99_error', 0):+.1%}; within {LIVE_TARGET_P99_ERROR:.0%}: "
+                  f"{steady['met_p99_error']}."]
+        if "skipped" not in step:
+            asked = [f"{c['t_s']:.1f} s {c['stage']} -> {c['replicas']}" for c in step["replica_changes"]
+                     if c["event"] == "asked"]
+            lines += [f"Step run{tag}: rate x{step['step_factor']:g} from {step['step_at_s']:g} s; the Tuner asked "
+                      f"{'; '.join(asked) or 'nothing'}; the last replica joined at {step['scaled_at_s']} s. p99 "
+                      f"before the step {step['p99_before_ms']} ms, after it {step['p99_after_ms']} ms, after the "
+                      f"last replica joined {step['p99_after_scaled_ms']} ms.", f"Plots: {steady['plot']}, {step['plot']}."]
     return "\n".join(lines + [""])
 
 
