@@ -237,7 +237,8 @@ def main() -> None:
     if args.live:
         from bench.planner_live import run_live
 
-        print(json.dumps({k: v for k, v in run_live(args.out, rerun=args.rerun).items() if k in ("steady", "step")}, indent=2))
+        live = run_live(args.out, rerun=args.rerun)
+        print(json.dumps({k: v for k, v in live.items() if k in ("steady", "step")}, indent=2))
         return
     from containers.planner.pipeline import read_pipeline
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import platform
+import shutil
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -180,6 +181,9 @@ def run_live(out_dir: Path, seed: int = 7, rerun: bool = False) -> dict[str, Any
     earlier = json.loads(recorded.read_text()).get("live") if rerun and recorded.is_file() else None
     tag = f"-rerun{len(earlier.get('reruns', [])) + 1}" if earlier else ""
     steady_dir, step_dir = out_dir / "planner" / f"live-steady{tag}", out_dir / "planner" / f"live-step{tag}"
+    if not rerun:  # a fresh run replaces the recorded one and its reruns: their plots go with them
+        for stale in (out_dir / "planner").glob("live-*-rerun*"):
+            shutil.rmtree(stale)
     with ensure_engine(WORK / "dockerd.log") as engine:
         backend = DockerBackend(engine)
         os.sched_setaffinity(0, client)
