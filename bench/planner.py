@@ -57,8 +57,8 @@ LAYOUTS = {1: [((), 1.0)], 3: [((), 1.0), (("s0",), 1.0), (("s1",), 1.0)],
 CONTAINER_BATCHES = {"mlp": "16,32,64,128", "bert_ffn": "1,2,4,8"}
 
 
-def profile_containers(artifacts: list[Path]) -> None:
-    """Measure the default artifacts in containers of 0.5, 1 and 2 cores (``autotune profile``, Docker)."""
+def profile_containers(artifacts: list[Path], sizes: str = "0.5,1,2") -> None:
+    """Measure the default artifacts in containers of ``sizes`` cores (``autotune profile``, Docker)."""
     from containers.backends.engine import ensure_engine
 
     unknown = [str(a) for a in artifacts if a.parent.name not in CONTAINER_BATCHES]
@@ -68,7 +68,7 @@ def profile_containers(artifacts: list[Path]) -> None:
     autotune = Path(sys.executable).with_name("autotune")
     with ensure_engine(WORK / "dockerd.log"):
         for art in artifacts:
-            subprocess.run([str(autotune), "profile", str(art), "--configs", "0.5,1,2", "--batch-sizes",
+            subprocess.run([str(autotune), "profile", str(art), "--configs", sizes, "--batch-sizes",
                             CONTAINER_BATCHES[art.parent.name], "--backend", "docker"], check=True)
 
 

@@ -217,6 +217,8 @@ def test_a_two_stage_plan_served_on_docker_loses_nothing_and_tracks_its_predicti
     assert docker_backend.list() == []
     assert (tmp_path / "run" / "live.json").is_file() and (tmp_path / "run" / "live.png").is_file()
     measured, predicted = record["measured"], record["predicted"]
+    per_query = record["queries"]["predicted_ms"]  # what pools runs: the same prediction, query by query
+    assert len(per_query) == live.size and abs(np.percentile(per_query, 99) - predicted["p99_ms"]) < 0.01
     # The body of the live distribution tracks the Estimator's. The tail of an 8 s run rests on its three slowest
     # queries, and a half-core replica's CFS quota can hold one for half a period: its bound allows that.
     assert predicted["p50_ms"] / 3 - 5 <= measured["p50_ms"] <= 3 * predicted["p50_ms"] + 5, (measured, predicted)

@@ -164,14 +164,16 @@ def live_record(plan: Plan, estimator: Estimator, queries: LiveQueries, events: 
                 backend: str, tuner: bool, wall_s: float) -> dict[str, Any]:
     """The run as JSON: per query, per batch stage, the replica changes, and measured next to predicted.
 
-    ``predicted`` is the Estimator over the same trace and draws with the plan's replicas fixed;
+    ``predicted`` is the Estimator over the same trace and draws with the plan's replicas fixed
+    (per query of the trace in ``queries.predicted_ms``, so runs can be pooled);
     with the Tuner, ``predicted_with_tuner`` lets the simulated Tuner scale, and
     ``predicted_live_schedule`` replays the replica counts the live Tuner actually asked for.
     ``p99_error`` is measured over predicted p99 minus one, against the prediction named by
     ``compared_with`` (the live schedule's when the Tuner ran).
     """
     measured = queries.summary(plan.slo_ms)
-    predicted = _latencies(estimator.estimate(plan.stages, plan.slo_ms))
+    estimate = estimator.estimate(plan.stages, plan.slo_ms)
+    predicted = _latencies(estimate)
     record: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION, "pipeline": plan.pipeline, "method": plan.method, "slo_ms": plan.slo_ms,
         "backend": backend, "tuner": tuner, "seed": estimator.seed, "wall_s": round(wall_s, 2),
@@ -195,7 +197,8 @@ def live_record(plan: Plan, estimator: Estimator, queries: LiveQueries, events: 
     record["errors"] = dict(Counter(e for e in queries.errors if e is not None).most_common(5))
     record["queries"] = {"arrival_s": [round(t, 6) for t in queries.arrival_s.tolist()],
                          "latency_ms": [None if np.isnan(v) else round(v, 3) for v in queries.latency_ms.tolist()],
-                         "failed": queries.failed.tolist()}
+                         "failed": queries.failed.tolist(),
+                         "predicted_ms": [None if np.isnan(v) else round(v, 3) for v in estimate.latencies_ms.tolist()]}
     return record
 
 
