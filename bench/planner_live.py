@@ -10,8 +10,8 @@ core of its own, as the Estimator assumes, and served three times
 (``containers.planner.live.apply_plan``), each time just after the plan's own
 configurations are profiled again (the host also drifts within the half hour the three take):
 the p99 of all their queries against the p99 of the Estimator's per-query predictions for
-the same trace and routing draws, each on the profile taken just before its run (target: within 10%). The load generator
-and front end are pinned to the last core, which the placement (largest replica first, on
+the same trace and routing draws, each on the profile taken just before its run (target:
+within 10%). The load generator and front end are pinned to the last core, which the placement (largest replica first, on
 the first core, where it was profiled) gives to the lightest stage. A second run steps the rate up mid-trace with the Tuner on; its replicas
 are the half-core ones, on every core, and the load and step are sized so that the replicas
 the simulated Tuner would add still fit. It reports the replica changes and
@@ -295,21 +295,16 @@ def live_markdown(live: dict[str, Any]) -> str:
     for tag, block in blocks:
         steady, step = block["steady"], block["step"]
         reps = steady.get("repeats", [])
-        each = ", ".join(f"{r['measured_p99_ms']} ms" + (f" against {r['predicted_p99_ms']}" if "predicted_p99_ms" in r
-                                                        else "") + f" ({r['p99_error']:+.1%})" for r in reps)
-        speeds = "; ".join(", ".join(f"{n} {v} ms" for n, v in r["service_ms"].items())
-                           for r in reps if "service_ms" in r)
-        against = (f" against {steady['pooled_predicted_p99_ms']} ms, the p99 of the repeats' per-query predictions"
-                   if "pooled_predicted_p99_ms" in steady else "")
-        lines += ["", f"Steady run{tag}, served {len(reps) or 1} times (the row: the last): measured p99 {each}; "
-                  f"median error {steady.get('median_p99_error', steady.get('p99_error', 0)):+.1%}. "
-                  + (f"Each repeat predicted on the plan's configurations profiled just before it (batch-1 mean "
-                     f"service: "
-                     f"{speeds}). " if speeds else "")
-                  + f"All {steady.get('pooled_queries')} answered queries of the repeats pooled (one run's p99 rests "
-                  f"on its "
-                  f"{max(1, steady['measured']['queries'] // 100)} slowest queries): p99 {steady.get('pooled_p99_ms')} ms"
-                  f"{against}, error {steady.get('pooled_p99_error', 0):+.1%}; within {LIVE_TARGET_P99_ERROR:.0%}: "
+        each = ", ".join(f"{r['measured_p99_ms']} ms against {r['predicted_p99_ms']} ({r['p99_error']:+.1%})"
+                         for r in reps)
+        speeds = "; ".join(", ".join(f"{n} {v} ms" for n, v in r["service_ms"].items()) for r in reps)
+        lines += ["", f"Steady run{tag}, served {len(reps)} times (the row: the last): measured p99 {each}; median "
+                  f"error {steady['median_p99_error']:+.1%}. Each repeat predicted on the plan's configurations "
+                  f"profiled just before it (batch-1 mean service: {speeds}). All {steady['pooled_queries']} answered "
+                  f"queries of the repeats pooled (one run's p99 rests on its "
+                  f"{max(1, steady['measured']['queries'] // 100)} slowest queries): p99 {steady['pooled_p99_ms']} ms "
+                  f"against {steady['pooled_predicted_p99_ms']} ms, the p99 of the repeats' per-query predictions, "
+                  f"error {steady['pooled_p99_error']:+.1%}; within {LIVE_TARGET_P99_ERROR:.0%}: "
                   f"{steady['met_p99_error']}."]
         if "skipped" not in step:
             asked = [f"{c['t_s']:.1f} s {c['stage']} -> {c['replicas']}" for c in step["replica_changes"]

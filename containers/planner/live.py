@@ -196,10 +196,14 @@ def live_record(plan: Plan, estimator: Estimator, queries: LiveQueries, events: 
     record["batches"] = _batch_summary(queries, list(plan.stages))
     record["errors"] = dict(Counter(e for e in queries.errors if e is not None).most_common(5))
     record["queries"] = {"arrival_s": [round(t, 6) for t in queries.arrival_s.tolist()],
-                         "latency_ms": [None if np.isnan(v) else round(v, 3) for v in queries.latency_ms.tolist()],
-                         "failed": queries.failed.tolist(),
-                         "predicted_ms": [None if np.isnan(v) else round(v, 3) for v in estimate.latencies_ms.tolist()]}
+                         "latency_ms": _ms_list(queries.latency_ms), "failed": queries.failed.tolist(),
+                         "predicted_ms": _ms_list(estimate.latencies_ms)}
     return record
+
+
+def _ms_list(latencies_ms: np.ndarray) -> list[float | None]:
+    """Per-query latencies as JSON: to the microsecond, None for a query with none (NaN)."""
+    return [None if np.isnan(v) else round(v, 3) for v in latencies_ms.tolist()]
 
 
 def _latencies(estimate: Estimate) -> dict[str, float]:
