@@ -1,6 +1,6 @@
 """Placement planner benchmark (InferLine), simulated part: cost and SLO misses by planning method.
 
-    python -m bench.planner [--profiles DIR] [--quick]
+    python -m bench.planner [--profiles DIR] [--quick] [--rerun]
 
 Pipelines of 1, 3 and 5 stages (the 5-stage one a DAG with a conditional branch and a join)
 built from real artifact profiles: every folder under ``--profiles`` holding a
@@ -13,8 +13,10 @@ Planner, and each plan is then replayed by the Estimator on a fresh 120 s trace 
 process (and, for the spike case, on a trace whose rate triples for 20 s), the Planner's also
 with the Tuner. Rates are multiples of the slowest stage's single-replica throughput at
 batch 1, so the load means the same whatever the profiles; the SLO is 4x the pipeline's
-batch-1 service time. Writes results/bench/planner.{json,md}, merging: keys other than
-``simulated`` (the lead's ``live`` section) are kept.
+batch-1 service time. CG-Peak is provisioned for the busiest SLO-long window of the sample.
+Writes results/bench/planner.{json,md}, merging: keys other than ``simulated`` (the ``live``
+section) are kept. ``--rerun`` keeps the recorded run and adds one beside it on other traces
+and other service-time draws (seeded further on).
 
 ``--live`` runs the live part on Docker instead (``bench.planner_live``); ``--live --rerun`` keeps
 the recorded live run and adds this one as a rerun.
@@ -45,6 +47,8 @@ PLAN_S, LIVE_S = 60.0, 120.0
 LOADS = [(2.0, 1.0), (2.0, 4.0), (8.0, 1.0), (8.0, 4.0)]  # (x slowest stage's throughput, CV)
 SPIKE = (2.0, 3.0, 40.0, 20.0)  # base load (x throughput), spike factor, spike start s, spike length s
 SLO_FACTOR = 4.0
+REPLAY_DRAWS = 1000  # the replay's draw seed, past the planning draws and the Planner's hold-out seeds
+RERUN_SEEDS = 10_000  # a rerun k plans and replays on traces and draws seeded k * this further on
 SLO_MISS_RATE = 0.01  # a p99 SLO is kept while at most 1% of queries miss it
 TARGETS = {"cost_ratio_vs_cg_peak": 5.0, "planning_s_5_stages": 10.0}
 METHODS = ("cg-mean", "cg-peak", "inferline")
@@ -92,9 +96,12 @@ def write_pipeline(stages: int, artifacts: list[Path], folder: Path) -> Path:
     return path
 
 
-def run_case(pipeline: Any, load: float, cv: float, spike: bool, seed: int, plan_s: float, live_s: float
-             ) -> dict[str, Any]:
-    """Plan by every method on a sample trace, replay each plan on a fresh trace; one row."""
+def run_case(pipeline: Any, load: float, cv: float, spike: bool, seed: int, plan_s: float, live_s: float,
+             draws: int = 0) -> dict[str, Any]:
+    """Plan by every method on a sample trace, replay each plan on a fresh trace; one row.
+
+    ``seed`` picks the traces, ``draws`` the Estimators' routing and service-time draws.
+    """
     from containers.errors import PlanError
     from containers.planner.estimator import Estimator
     from containers.planner.planner import PLAN_PERCENTILE, fastest, plan_methods, service_path
@@ -111,8 +118,8 @@ def run_case(pipeline: Any, load: float, cv: float, spike: bool, seed: int, plan
         live = spike_trace(rate, factor * rate, at, span, live_s, cv, seed + 1)
     else:
         live = gamma_trace(rate, cv, live_s, seed + 1)
-    plans = plan_methods(Estimator(pipeline, sample, slo_percentile=PLAN_PERCENTILE), slo)
-    replay = Estimator(pipeline, live)
+    plans = plan_methods(Estimator(pipeline, sample, seed=draws, slo_percentile=PLAN_PERCENTILE), slo)
+    replay = Estimator(pipeline, live, seed=draws + REPLAY_DRAWS)
     row: dict[str, Any] = {"pipeline": pipeline.name, "stages": len(pipeline.stages), "rate_per_s": round(rate, 2),
                            "load": load, "cv": cv, "spike": spike, "slo_ms": slo, "methods": {}}
     visits = []
@@ -127,7 +134,7 @@ def run_case(pipeline: Any, load: float, cv: float, spike: bool, seed: int, plan
                                   "replicas": {n: c.replicas for n, c in plan.stages.items()},
                                   "planning_s": plan.search["seconds"]}
     if not isinstance(plans["inferline"], PlanError):
-        tuned = simulate_with_tuner(pipeline, plans["inferline"], live)
+        tuned = simulate_with_tuner(pipeline, plans["inferline"], live, seed=draws + REPLAY_DRAWS)
         row["methods"]["inferline+tuner"] = {"cost_per_hour": round(tuned.cost_per_hour, 5),
                                              "miss_rate": round(tuned.estimate.miss_rate, 5),
                                              "p99_ms": round(tuned.estimate.p99_ms, 2),
@@ -175,17 +182,29 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def markdown(sim: dict[str, Any]) -> str:
+    """The Simulated section: the run's table and summary, then each rerun's."""
     lines = ["## Simulated (Estimator)", "", f"Profiles: {', '.join(sim['profiles'])}{' (' + sim['note'] + ')' if sim['note'] else ''}.",
-             f"Sample trace {sim['plan_s']:g} s, replay {sim['live_s']:g} s; SLO = {SLO_FACTOR:g}x batch-1 service time.", "",
-             "| pipeline | load (x mu, CV) | SLO ms | CG-Mean $/h (miss) | CG-Peak $/h (miss) | Planner $/h (miss) "
+             f"Sample trace {sim['plan_s']:g} s, replay {sim['live_s']:g} s (other arrivals and other service-time "
+             f"draws); SLO = {SLO_FACTOR:g}x batch-1 service time; CG-Peak provisioned for the busiest SLO-long window "
+             "of the sample trace.", ""]
+    lines += run_markdown(sim, sim.get("plan_percentile", 99))
+    for k, rerun in enumerate(sim.get("reruns", []), 1):
+        lines += [f"### Rerun {k} ({rerun['date']}: traces and draws seeded {rerun['seed_offset']} further on)", ""]
+        lines += run_markdown(rerun, sim.get("plan_percentile", 99))
+    return "\n".join(lines)
+
+
+def run_markdown(run: dict[str, Any], plan_percentile: float) -> list[str]:
+    """One run's table of rows and its summary lines."""
+    lines = ["| pipeline | load (x mu, CV) | SLO ms | CG-Mean $/h (miss) | CG-Peak $/h (miss) | Planner $/h (miss) "
              "| Planner+Tuner $/h (miss) | CG-Peak / Planner |", "|---|---|---|---|---|---|---|---|"]
-    for r in sim["rows"]:
+    for r in run["rows"]:
         cell = lambda m: ("error" if "error" in r["methods"].get(m, {"error": 1}) else  # noqa: E731
                           f"{r['methods'][m]['cost_per_hour']:.4f} ({r['methods'][m]['miss_rate']:.2%})")
         load = f"{r['load']:g}, CV {r['cv']:g}" + (", spike x3" if r["spike"] else "")
         lines.append(f"| {r['pipeline']} | {load} | {r['slo_ms']:g} | {cell('cg-mean')} | {cell('cg-peak')} | "
                      f"{cell('inferline')} | {cell('inferline+tuner')} | {r.get('cost_ratio_vs_cg_peak', '-')} |")
-    s = sim["summary"]
+    s = run["summary"]
     by_size = "; ".join(f"{n} stages: {v['min']}-{v['max']} (median {v['median']})"
                         for n, v in s["cost_ratio_vs_cg_peak_by_stages"].items())
     lines += ["", f"CG-Peak / Planner cost: {s['cost_ratio_vs_cg_peak']} (target >= {TARGETS['cost_ratio_vs_cg_peak']:g}x; "
@@ -197,11 +216,11 @@ def markdown(sim: dict[str, Any]) -> str:
               f"steady-traffic rows whose replay keeps the p99 SLO (misses <= {SLO_MISS_RATE:.0%}): "
               f"CG-Peak {s['steady_rows_within_slo_miss_rate']['cg-peak']}, "
               f"Planner {s['steady_rows_within_slo_miss_rate']['inferline']}. The Planner holds the sample's "
-              f"p{sim.get('plan_percentile', 99)} to the SLO.",
+              f"p{plan_percentile} to the SLO.",
               f"5-stage planning: {s['planning_s_5_stages_max']} s at most (target < {TARGETS['planning_s_5_stages']:g} s; "
               f"met: {s['met']['planning_s_5_stages']}). Estimator: {s['estimator_visits_per_s_median']} query-stage "
               "visits/s (median).", ""]
-    return "\n".join(lines)
+    return lines
 
 
 def write_results(sim: dict[str, Any], out_dir: Path) -> None:
@@ -230,7 +249,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=OUT_DIR, help="where planner.json and planner.md go")
     parser.add_argument("--live", action="store_true", help="the live part on Docker (bench.planner_live) instead")
     parser.add_argument("--rerun", action="store_true",
-                        help="with --live: keep the recorded live run and add this one as a rerun")
+                        help="keep the recorded run (simulated, or with --live the live one) and add this one beside it")
     parser.add_argument("--profile-containers", action="store_true",
                         help="first measure the default artifacts in containers (Docker), as the committed run did")
     args = parser.parse_args()
@@ -252,23 +271,31 @@ def main() -> None:
     print(f"[planner] profiles: {', '.join(str(a) for a in artifacts)}" + (f" ({note})" if note else ""), flush=True)
     WORK.mkdir(parents=True, exist_ok=True)
     plan_s, live_s = (20.0, 30.0) if args.quick else (PLAN_S, LIVE_S)
+    recorded = json.loads((args.out / "planner.json").read_text()).get("simulated") if (
+        args.out / "planner.json").is_file() else None
+    if args.rerun and not recorded:
+        sys.exit(f"--rerun adds to a recorded simulated run, and {args.out / 'planner.json'} has none; run without --rerun")
+    offset = RERUN_SEEDS * (len(recorded.get("reruns", [])) + 1) if args.rerun else 0
     cases = [(load, cv, False) for load, cv in LOADS] + [(SPIKE[0], 1.0, True)]
     rows = []
     for stages in ([3] if args.quick else [1, 3, 5]):
         pipeline = read_pipeline(write_pipeline(stages, artifacts, WORK))
         for i, (load, cv, spike) in enumerate(cases[:1] if args.quick else cases):
             t0 = time.perf_counter()
-            rows.append(run_case(pipeline, load, cv, spike, seed=100 * stages + i, plan_s=plan_s,
-                                 live_s=max(live_s, SPIKE[2] + SPIKE[3] + 10) if spike else live_s))
+            rows.append(run_case(pipeline, load, cv, spike, seed=offset + 100 * stages + i, plan_s=plan_s,
+                                 live_s=max(live_s, SPIKE[2] + SPIKE[3] + 10) if spike else live_s, draws=offset))
             print(f"[planner] {pipeline.name} load {load:g} CV {cv:g}{' spike' if spike else ''}: "
                   f"ratio {rows[-1].get('cost_ratio_vs_cg_peak')}, {time.perf_counter() - t0:.1f} s", flush=True)
     from containers.planner.planner import PLAN_PERCENTILE
 
-    sim = {"profiles": [str(a) for a in artifacts], "note": note, "quick": args.quick, "plan_s": plan_s,
-           "plan_percentile": PLAN_PERCENTILE,
-           "live_s": live_s, "host": platform.node(), "rows": rows, "summary": summarize(rows)}
+    run = {"date": time.strftime("%Y-%m-%d"), "rows": rows, "summary": summarize(rows)}
+    if args.rerun:
+        sim = {**recorded, "reruns": recorded.get("reruns", []) + [{**run, "seed_offset": offset}]}
+    else:  # a fresh run replaces the reruns of the one before it
+        sim = {"profiles": [str(a) for a in artifacts], "note": note, "quick": args.quick, "plan_s": plan_s,
+               "plan_percentile": PLAN_PERCENTILE, "live_s": live_s, "host": platform.node(), **run}
     write_results(sim, args.out)
-    print(json.dumps(sim["summary"], indent=2))
+    print(json.dumps(run["summary"], indent=2))
 
 
 if __name__ == "__main__":

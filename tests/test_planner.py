@@ -18,7 +18,8 @@ from containers.planner.config import StageConfig
 from containers.planner.estimator import Estimator
 from containers.planner.hardware import PriceTable, hardware_key
 from containers.planner.pipeline import read_pipeline
-from containers.planner.trace import envelope, gamma_trace, read_trace, spike_trace, write_trace
+from containers.planner.trace import (check_trace, envelope, gamma_trace, peak_rate, read_trace, resampled,
+                                      spike_trace, write_trace)
 from results.profile import LatencyStats, Persistence, read_profile
 from tests.planner_profiles import CHAIN, CNN, PRE, bimodal, chain, one_stage, write_pipeline, write_profile  # noqa: F401
 
@@ -111,6 +112,31 @@ def test_envelope_counts_the_busiest_window_of_each_size() -> None:
     assert max(env) <= 60 and sorted(env) == list(env)
     spike = spike_trace(20, 200, 10, 5, 30, seed=2)
     assert 700 < ((spike >= 10) & (spike < 15)).sum() < 1300
+
+
+def test_a_resampled_trace_keeps_the_span_the_rate_and_the_bursts_but_not_their_places() -> None:
+    times = gamma_trace(50, 4.0, 60, seed=3)
+    again, other = resampled(times, 1), resampled(times, 2)
+    assert np.array_equal(again, resampled(times, 1)) and not np.array_equal(again, other)
+    for trace in (again, other):
+        check_trace(trace)
+        assert trace[0] == times[0] and trace[-1] <= times[-1] and 0.7 < trace.size / times.size < 1.3
+        gaps = np.sort(np.diff(times))  # each gap is one of the original's, redrawn (up to the sums' rounding)
+        near = gaps[np.clip(np.searchsorted(gaps, np.diff(trace)), 0, gaps.size - 1)]
+        below = gaps[np.clip(np.searchsorted(gaps, np.diff(trace)) - 1, 0, gaps.size - 1)]
+        assert (np.minimum(abs(near - np.diff(trace)), abs(below - np.diff(trace))) < 1e-9).all()
+    busiest = lambda t: int(np.argmax(np.searchsorted(t, t + 1.0) - np.arange(t.size)))  # noqa: E731
+    assert abs(again[busiest(again)] - times[busiest(times)]) > 1.0 or abs(other[busiest(other)] - times[busiest(times)]) > 1.0
+    assert np.array_equal(resampled(np.array([2.0]), 5), [2.0])
+
+
+def test_the_peak_rate_is_the_busiest_window_of_the_given_length() -> None:
+    """Ten queries within 45 ms in a trace of one a second: a 100 ms window sees the burst, a second dilutes it."""
+    times = np.sort(np.concatenate([np.arange(0.0, 30.0, 1.0) + 0.5, 10.0 + np.arange(10) * 0.005]))
+    assert peak_rate(times, 0.1) == pytest.approx(100.0)
+    assert peak_rate(times, 1.0) == pytest.approx(11.0)
+    with pytest.raises(ScenarioError, match="positive window"):
+        peak_rate(times, 0.0)
 
 
 # -- the batched queue and the Estimator ---------------------------------------------------------------------------

@@ -3,9 +3,10 @@
 How pipelines are tuned when each model is a separate micro-service and the pipeline is
 only seen end to end: one hardware type for everything, one batch size (the largest whose
 end-to-end p99, profiled with one batch in flight, meets the SLO), and whole-pipeline
-replicas for a rate, the trace's
-mean (CG-Mean) or its peak (CG-Peak). Every stage gets that many replicas. The result is
-evaluated by the same Estimator as the Planner's, so costs and miss rates compare.
+replicas for a rate: the trace's mean (CG-Mean) or its peak (CG-Peak), the most arrivals in
+any window as long as the SLO (``trace.peak_rate``), the timescale on which a burst decides
+whether queries miss it. Every stage gets that many replicas. The result is evaluated by the
+same Estimator as the Planner's, so costs and miss rates compare.
 """
 
 from __future__ import annotations

@@ -59,6 +59,30 @@ def spike_trace(rate_per_s: float, spike_rate_per_s: float, spike_at_s: float, s
     return check_trace(np.concatenate(parts))
 
 
+def resampled(times: np.ndarray, seed: int, block_s: float = 1.0) -> np.ndarray:
+    """Another trace of the same kind and span as ``times``: a moving-block bootstrap of its inter-arrival gaps.
+
+    Blocks of about ``block_s`` worth of consecutive gaps are drawn with replacement and laid
+    end to end from the first arrival, so bursts shorter than a block come out as they were
+    and the trace's busiest stretches come out in other numbers and other places: what a
+    fresh minute of the same traffic would bring.
+    """
+    times = check_trace(times)
+    gaps = np.diff(times)
+    if gaps.size == 0:
+        return times.copy()
+    span = float(times[-1] - times[0])
+    block = int(min(gaps.size, max(1, round(gaps.size * block_s / span)) if span > 0 else gaps.size))
+    rng = np.random.default_rng(seed)
+    starts = rng.integers(0, gaps.size - block + 1, size=2 * (gaps.size // block + 1))
+    drawn = np.concatenate([gaps[s:s + block] for s in starts])
+    while drawn.sum() < span:  # a draw of short blocks: add more
+        more = rng.integers(0, gaps.size - block + 1, size=gaps.size // block + 1)
+        drawn = np.concatenate([drawn] + [gaps[s:s + block] for s in more])
+    out = times[0] + np.concatenate([[0.0], np.cumsum(drawn)])
+    return out[out <= times[-1]]
+
+
 def read_trace(path: str | Path) -> np.ndarray:
     """A trace file: one time in seconds per line, sorted; errors name the line (``containers.load.Trace``)."""
     return check_trace(np.asarray(Trace.read(path).times, dtype=float))
@@ -88,7 +112,13 @@ def max_arrivals(times: np.ndarray, window_s: float) -> int:
     return int((ends - np.arange(times.size)).max())
 
 
-def peak_rate(env: dict[float, int], min_window_s: float = 1.0) -> float:
-    """Arrivals per second in the smallest window of at least ``min_window_s`` (the largest if none is)."""
-    windows = [w for w in sorted(env) if w >= min_window_s] or [max(env)]
-    return env[windows[0]] / windows[0]
+def peak_rate(times: np.ndarray, window_s: float) -> float:
+    """Arrivals per second in the busiest ``window_s`` of the trace.
+
+    Provisioned for this rate over windows as long as the SLO, a black box clears any burst of
+    the trace within about one SLO; over longer windows a burst's queue outlasts the SLO
+    (at 1 s windows CG-Peak missed 17-18% of a CV-4 trace's queries in the benchmark).
+    """
+    if not window_s > 0:
+        raise ScenarioError(f"a peak rate needs a positive window; got {window_s!r} s")
+    return max_arrivals(check_trace(times), window_s) / window_s
