@@ -47,19 +47,31 @@ def test_a_scenario_runs_on_docker_and_dqoes_moves_cpu_from_g_to_b(tuned_run, do
 
 def test_a_container_killed_from_outside_is_restarted_and_the_manager_goes_on(tuned_run, docker_backend,
                                                                               docker_engine, tmp_path: Path) -> None:
-    scenario = _scenario(tuned_run.artifact, "kill", duration_s=24.0, schedule=Schedule("burst"))  # room for a slow restart
+    scenario = _scenario(tuned_run.artifact, "kill", duration_s=36.0, schedule=Schedule("burst"))  # room for slow starts
+    served_s: list[float] = []  # seconds from both servers answering (the burst's join ends) to the kill
 
-    def kill_later() -> None:
-        time.sleep(6.0)
+    def kill_once_serving() -> None:  # a fixed delay killed the container while it was still starting on a slow host
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if all(requests.get(f"http://127.0.0.1:{port}/health", timeout=1).ok for port in (18700, 18701)):
+                    break
+            except requests.RequestException:
+                pass
+            time.sleep(0.1)
+        healthy = time.monotonic()
+        time.sleep(4.0)
         docker_engine.containers.get("autotune-fast").kill()
+        served_s.append(time.monotonic() - healthy)
 
-    killer = threading.Thread(target=kill_later)
+    killer = threading.Thread(target=kill_once_serving)
     killer.start()
     record = run_scenario(scenario, tmp_path / "run", backend=docker_backend)
     killer.join()
+    killed = record["joined_at"]["fast"] + served_s[0]
     events = [e for e in record["status"]["events"] if e["container"] == "fast"]
     exited = [e for e in events if e["event"] == "exited"]
-    assert exited and 6.0 <= exited[0]["t"] <= 6.0 + 2.0 + 1.5  # seen within one interval (2 s)
+    assert exited and killed - 0.5 <= exited[0]["t"] <= killed + 2.0 + 1.5  # seen within one interval (2 s)
     after = [t for t in record["timeline"] if t["t"] > exited[0]["t"] + 4 and t["counts"]]
     assert any("fast" in t["containers"] for t in after)  # restarted, measured again
 
