@@ -38,7 +38,7 @@ OUT_DIR = Path("results/bench")
 # reach its plateau: 10 of its 18 tasks have no tunable space and take one trial, and the four large matmuls
 # got 193-728 trials each and made their last gain of more than 1% by their 114th-325th (engine arm, 48 min).
 # ResNet-18 is still at about 16 trials per task, far short of its plateau (about 2.5 h for its arms here)
-BUDGETS = {"matmul512": (320, 16), "conv3x3_resnet18": (320, 16), "mlp": (384, 16), "resnet18": (432, 8),
+BUDGETS = {"matmul512": (320, 16), "conv3x3_resnet18": (320, 16), "mlp": (384, 16), "resnet18": (2880, 8),
            "bert_layer": (2304, 8)}
 WARM_WORKLOAD = "resnet18"
 ARMS = ("stock", "engine", "trimmer", "trimmer_warm")
