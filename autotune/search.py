@@ -6,6 +6,8 @@ generations are ranked by noise, and on 2 cores they cost a convolution 6-20 s a
 as building and timing the round. So a task's rounds go:
 
 - ``sampled``: its first round, random draws from the design space (where the search starts anyway);
+  a model that starts warm (trained by an earlier job) picks the round's draws from a pool four
+  times its size, so a second job's first measurements are not random guesses;
 - ``evolved``: while the model is not trusted, mutants of the task's best measured schedules
   (measured latency is the fitness), from a pool four times what the round needs, ordered by the
   model's score once it is trained (at random before), plus a share of fresh random draws so the
@@ -67,19 +69,27 @@ class TaskSearch:
             if fresh:
                 return Proposal(fresh[:n], "guided")
         if not parents:
-            return Proposal(self._draw(n, seen, self._sample), "sampled")
-        explore = max(1, round(n * EXPLORE_SHARE)) if n > 1 else 0
+            if scorer is None:
+                return Proposal(self._draw(n, seen, self._sample), "sampled")
+            return Proposal(self._favourites(n, seen, self._sample, scorer), "sampled")
         weights = np.array([parents[0][1] / latency for _, latency in parents])
         traces = [trace for trace, _ in parents]
-        pool = self._draw(POOL_FACTOR * (n - explore), seen,
-                          lambda: self._mutant(traces[self._rng.choice(len(traces), p=weights / weights.sum())]))
+        return Proposal(self._favourites(
+            n, seen, lambda: self._mutant(traces[self._rng.choice(len(traces), p=weights / weights.sum())]), scorer),
+            "evolved")
+
+    def _favourites(self, n: int, seen: set[int], make: Callable[[], Any | None], scorer: Scorer | None) -> list[Any]:
+        """The model's favourites of a pool from ``make`` (a random pick while it is untrained), and a share
+        of fresh random draws so that the search can leave the pool's basin."""
+        explore = max(1, round(n * EXPLORE_SHARE)) if n > 1 else 0
+        pool = self._draw(POOL_FACTOR * (n - explore), seen, make)
         if scorer and pool:
             order = np.argsort(-np.asarray(scorer(pool)), kind="stable")
         else:
             order = self._rng.permutation(len(pool))
         picks = [pool[i] for i in order[: n - explore]]
         taken = seen | {_hash(c) for c in picks}
-        return Proposal(picks + self._draw(n - len(picks), taken, self._sample), "evolved")
+        return picks + self._draw(n - len(picks), taken, self._sample)
 
     def _draw(self, n: int, seen: set[int], make: Callable[[], Any | None]) -> list[Any]:
         """``n`` new candidates from ``make`` (None: a draw that failed), unless the tries run out first."""

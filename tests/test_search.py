@@ -48,23 +48,39 @@ def test_a_first_round_is_distinct_random_draws_none_already_seen(search):
     assert not seen & {_hash(c) for c in again.candidates}
 
 
-def test_an_evolved_round_mutates_the_best_and_takes_the_models_favourites(search):
-    parent = search.propose(1, [], set(), None, guided=False).candidates[0]
+def _score(c) -> float:
+    """A stand-in model's score: a fixed function of the candidate, so its favourites are known."""
+    return float(_hash(c) % 1000)
+
+
+def _takes_favourites(search, n: int, parents, seen: set[int]):
+    """Propose ``n`` with the stand-in model; check the round leads with its favourites of one pool."""
     pools = []
 
     def scorer(candidates):
         pools.append(candidates)
-        return [float(_hash(c) % 1000) for c in candidates]
+        return [_score(c) for c in candidates]
 
-    n = 8
+    proposal = search.propose(n, parents, seen, scorer, guided=False)
     explore = round(n * EXPLORE_SHARE)
-    evolved = search.propose(n, [(parent.sch.trace, 1e-3)], {_hash(parent)}, scorer, guided=False)
-    assert evolved.kind == "evolved" and len(evolved.candidates) == n
-    assert _hash(parent) not in {_hash(c) for c in evolved.candidates}
     (pool,) = pools
-    assert len(pool) == POOL_FACTOR * (n - explore)
-    favourites = sorted(pool, key=lambda c: -(_hash(c) % 1000))[: n - explore]
-    assert [_hash(c) for c in evolved.candidates[: n - explore]] == [_hash(c) for c in favourites]
+    assert len(pool) == POOL_FACTOR * (n - explore) and len({_hash(c) for c in proposal.candidates}) == n
+    favourites = sorted(pool, key=lambda c: -_score(c))[: n - explore]
+    assert [_hash(c) for c in proposal.candidates[: n - explore]] == [_hash(c) for c in favourites]
+    return proposal, explore
+
+
+def test_a_warm_models_first_round_takes_its_favourites_of_a_larger_random_pool(search):
+    first, _ = _takes_favourites(search, 8, [], set())
+    assert first.kind == "sampled"
+
+
+def test_an_evolved_round_mutates_the_best_and_takes_the_models_favourites(search):
+    parent = search.propose(1, [], set(), None, guided=False).candidates[0]
+    n = 8
+    evolved, explore = _takes_favourites(search, n, [(parent.sch.trace, 1e-3)], {_hash(parent)})
+    assert evolved.kind == "evolved"
+    assert _hash(parent) not in {_hash(c) for c in evolved.candidates}
     # a mutant keeps most of its parent's decisions; a fresh draw (the exploration share) keeps fewer
     kept = [len(_decisions(c) & _decisions(parent)) / len(_decisions(parent)) for c in evolved.candidates]
     assert min(kept[: n - explore]) >= 0.5 and sum(kept[: n - explore]) / (n - explore) > max(kept[n - explore:])
