@@ -47,7 +47,11 @@ TARGETS = {"device_s_saving": 0.40, "energy_saving": 0.40, "latency_ratio": 1.02
 
 
 def bench_workload(name: str, work_root: Path, target: str = "cpu", chosen: Sequence[str] = ARMS,
-                   trials: int | None = None) -> dict[str, Any]:
+                   trials: int | None = None, resume: bool = False) -> dict[str, Any]:
+    """Run ``chosen`` arms on ``name`` (``resume``: keep arms a run of the same command finished), then compare.
+
+    Returns {} when the engine or the trimmer arm is not among them: the arms run are only saved.
+    """
     trials, round_size = trials or BUDGETS[name][0], BUDGETS[name][1]
     arms: dict[str, Any] = {}
     plan = [("stock", ["warm_stock"]), ("engine", ["autotune", "--policies", "off"]),
@@ -58,13 +62,23 @@ def bench_workload(name: str, work_root: Path, target: str = "cpu", chosen: Sequ
         if arm not in chosen or (arm == "trimmer_warm" and name != WARM_WORKLOAD):
             continue
         work_dir = work_root / name / arm
+        command = ["bench.arms", args[0], name, str(trials), str(work_dir), *args[1:], "--round-size",
+                   str(round_size), "--target", target]
+        saved = _saved_arm(work_dir, command) if resume else None
+        if saved:
+            print(f"[{name}] {arm}: kept from {work_dir / ARM_RESULT}", file=sys.stderr, flush=True)
+            arms[arm] = saved
+            continue
         shutil.rmtree(work_dir, ignore_errors=True)
         work_dir.mkdir(parents=True)
         print(f"[{name}] {arm} ...", file=sys.stderr, flush=True)
-        result, failure = _run_json(["bench.arms", args[0], name, str(trials), str(work_dir), *args[1:],
-                                     "--round-size", str(round_size), "--target", target], None)
+        result, failure = _run_json(command, None)
         arms[arm] = result or {"failure": failure}
+        if result:
+            (work_dir / ARM_RESULT).write_text(json.dumps({"command": command, "result": result}))
         print(f"[{name}] {arm}: wall {arms[arm].get('wall_s')}", file=sys.stderr, flush=True)
+    if not {"engine", "trimmer"} <= set(arms):
+        return {}  # one arm alone: saved for a later --resume run to compare
     dirs = {arm: str(work_root / name / arm / ("" if arm == "stock" else "ranked")) for arm in arms
             if "failure" not in arms[arm]}
     print(f"[{name}] re-measuring final latencies side by side ...", file=sys.stderr, flush=True)
@@ -78,6 +92,18 @@ def bench_workload(name: str, work_root: Path, target: str = "cpu", chosen: Sequ
     if failure:
         result["remeasure_failure"] = failure
     return result
+
+
+ARM_RESULT = "arm.json"  # an arm's command and result, in its work folder
+
+
+def _saved_arm(work_dir: Path, command: list[str]) -> dict[str, Any] | None:
+    """The result an earlier run of ``command`` left in ``work_dir``, or None."""
+    try:
+        saved = json.loads((work_dir / ARM_RESULT).read_text())
+    except (OSError, ValueError):
+        return None
+    return saved["result"] if saved.get("command") == command else None
 
 
 def _row(arm: dict[str, Any], final_s: float | None) -> dict[str, Any]:
@@ -219,18 +245,21 @@ def main() -> None:
     parser.add_argument("--workloads", default=",".join(BUDGETS))
     parser.add_argument("--work-root", type=Path, default=Path("results/bench/work/trimmer"))
     parser.add_argument("--target", default="cpu", help="cpu, or cuda on a machine with an NVIDIA GPU")
-    parser.add_argument("--arms", default=",".join(ARMS), help="which arms to run; engine and trimmer at least")
+    parser.add_argument("--arms", default=",".join(ARMS),
+                        help="which arms to run; the comparison needs engine and trimmer (others are only saved)")
     parser.add_argument("--rerun", action="store_true",
                         help="keep the recorded results and add these runs as reruns, compared side by side")
     parser.add_argument("--trials", type=int, help="override each workload's trial budget (its round size kept)")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep each arm that an earlier run of the same command finished (its work folder's "
+                             f"{ARM_RESULT}): a killed benchmark goes on from the arm it was in, and one arm can "
+                             "be run alone (--arms engine) and compared later; the code must not have changed since")
     args = parser.parse_args()
     names, chosen = args.workloads.split(","), args.arms.split(",")
     for what, given, known in (("workload", names, BUDGETS), ("arm", chosen, ARMS)):
         unknown = [g for g in given if g not in known]
         if unknown:
             raise SystemExit(f"unknown {what} {unknown[0]!r}; expected one of {', '.join(known)}")
-    if not {"engine", "trimmer"} <= set(chosen):
-        raise SystemExit(f"--arms {args.arms}: the comparison needs at least engine and trimmer")
     from autotune.target import host_cores, resolve_target
 
     stem = "trimmer" if args.target == "cpu" else f"trimmer_{args.target}"
@@ -241,7 +270,11 @@ def main() -> None:
                    + (f", {device}" if device else ""), "target": args.target,
                    "date": time.strftime("%Y-%m-%d"), "targets": TARGETS})
     for name in names:
-        result = bench_workload(name, args.work_root / args.target, args.target, chosen, args.trials)
+        result = bench_workload(name, args.work_root / args.target, args.target, chosen, args.trials, args.resume)
+        if not result:
+            print(f"[{name}] arms {', '.join(chosen)} saved; the comparison needs engine and trimmer (--resume)",
+                  file=sys.stderr)
+            continue
         recorded = report["workloads"].get(name)
         if args.rerun:
             report.setdefault("reruns", {}).setdefault(name, []).append(result)
