@@ -160,21 +160,14 @@ def autotune(workload: str, trials: int, work_dir: str, *, policies: str = "off"
 
     import_meta_schedule()
     from autotune.budget import split_budget
-    from autotune.frontend import prepare_for_tuning
     from autotune.pipeline import run_tuning
     from autotune.policies import PolicySettings, build_policies
     from autotune.session import MEASUREMENTS_LOG
-    from autotune.tasks import Task, extract_tasks
     from measure.slots import local_gpu_ids
     from results.report import read_measurements
 
     target = spec.tvm_target()
-    if WORKLOADS[workload].kind == "kernel":
-        from tvm.s_tir.analysis import estimate_tir_flops
-
-        tasks = [Task(workload, mod, 1, float(estimate_tir_flops(mod)))]
-    else:
-        tasks = extract_tasks([prepare_for_tuning(mod, target)], target)
+    tasks = _tasks(workload, mod, target)
     plan = split_budget(tasks, trials, floor=8)
     warnings: list[str] = []
     settings = (PolicySettings(warm_start=(warm_start,) if warm_start else ()) if policies == "trimmer"
@@ -190,6 +183,23 @@ def autotune(workload: str, trials: int, work_dir: str, *, policies: str = "off"
     return {"wall_s": wall, "valid_trials": valid, "best_logged_s": best if valid else None, "curve": curve,
             "engine": session.engine_report, "bill": session.bill, "policies": session.policies_report(),
             "screened": sum(s.screened for s in session.states), "warnings": warnings}
+
+
+def workload_tasks(workload: str, target_name: str) -> list[Any]:
+    """The tuning tasks of ``workload`` on ``target_name``, as the arms tune them."""
+    spec, mod = _setup(workload, target_name)
+    return _tasks(workload, mod, spec.tvm_target())
+
+
+def _tasks(workload: str, mod: Any, target: Any) -> list[Any]:
+    from autotune.frontend import prepare_for_tuning
+    from autotune.tasks import Task, extract_tasks
+
+    if WORKLOADS[workload].kind == "kernel":
+        from tvm.s_tir.analysis import estimate_tir_flops
+
+        return [Task(workload, mod, 1, float(estimate_tir_flops(mod)))]
+    return extract_tasks([prepare_for_tuning(mod, target)], target)
 
 
 def _model_latency_curve(log: list[dict[str, Any]], weights: dict[str, int],

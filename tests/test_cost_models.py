@@ -154,13 +154,30 @@ def test_improving_task_is_never_stopped():
 
 def test_job_stops_when_the_model_latency_is_flat_over_its_window_of_proposals_per_task():
     p = PlateauPreemption(task_patience=10**6, min_task_trials=0, model_window=32)
-    # two tasks, 16 proposals each a round; the model estimate gains in the first three rounds only
-    bests, reasons = iter([10.0, 8.0, 7.0, 7.0, 7.0, 7.0]), []
-    for n in range(16, 16 * 7, 16):
-        estimate = next(bests)
-        reasons.append(p.after_round([TaskRound("a", 1.0, 1.0, n), TaskRound("b", 1.0, 1.0, n)], estimate).stop_job)
-    assert not any(reasons[:4]) and "flat over the last 32 proposals per task" in reasons[4]
+    # two tasks, 16 proposals each a round; task a gains in the first three rounds only
+    bests, reasons = [10.0, 10.0, 8.0, 7.0, 7.0, 7.0, 7.0], []
+    for i, n in enumerate(range(16, 16 * 7, 16)):
+        rounds = [TaskRound("a", bests[i], bests[i + 1], n), TaskRound("b", 1.0, 1.0, n)]
+        reasons.append(p.after_round(rounds, bests[i + 1] + 1.0).stop_job)
+    assert not any(reasons[:4]) and "flat over the last 32 proposals per live task" in reasons[4]
     assert not NeverPreempt().after_round([TaskRound("a", 1.0, 1.0, 10**6)], 1.0).stop_tasks
+
+
+def test_the_job_window_counts_gains_on_the_live_tasks_part_of_the_estimate():
+    """A heavy task has stopped; a light one still gains 1.5% every 32 proposals. That is 0.15% of the
+    estimate, under the 1% minimum, but the job goes on: the live part (the light task) is still gaining.
+    The stopped task leaving the sum is not a gain either: the job stops once the light one is flat."""
+    p = PlateauPreemption(task_patience=10**6, min_task_trials=0, model_window=64)
+    heavy, light, reasons = 9.0, 1.0, []
+    p.after_round([TaskRound("heavy", math.inf, heavy, 16, weight=1), TaskRound("light", math.inf, light, 16)],
+                  heavy + light)
+    for n in range(48, 48 + 32 * 10, 32):
+        reasons.append(p.after_round([TaskRound("light", light, light * 0.985, n)], heavy + light * 0.985).stop_job)
+        light *= 0.985
+    assert not any(reasons)
+    flat = [p.after_round([TaskRound("light", light, light, n)], heavy + light).stop_job
+            for n in range(368, 368 + 32 * 3, 32)]
+    assert flat[:1] == [""] and "flat over the last 64 proposals" in flat[1]
 
 # -- energy --------------------------------------------------------------------------------------
 

@@ -1,0 +1,26 @@
+"""The preemption replay: a finished search's rounds fed to the real policy."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.replay_preemption import replay
+from cost_models.preemption import PlateauPreemption
+
+
+def _log(task: str, latencies: list[float]) -> list[dict]:
+    return [{"task": task, "latency_s": v, "proposed_by": "sampled" if i < 8 else "evolved"}
+            for i, v in enumerate(latencies)]
+
+
+def test_a_replay_stops_a_flat_task_where_the_policy_would_and_keeps_its_best_at_the_stop():
+    # task a gains in its first 3 rounds of 8 and never again; task b gains 2% every round to the end
+    a = _log("a", [10.0 - i * 0.1 for i in range(24)] + [9.0] * 56)  # best 7.7
+    b = _log("b", [5.0 * 0.98 ** (i // 8) for i in range(80)])
+    log = [m for pair in zip(a, b) for m in pair]
+    r = replay(log, {"a": 2, "b": 1}, 8, PlateauPreemption(task_patience=32, min_task_trials=0, model_window=10**6),
+               {})
+    assert r.stopped == {"a": 24 + 32}  # 32 flat proposals after its last gain
+    assert r.job_stopped_at is None and r.kept == 56 + 80 and r.of == 160
+    full_b = 5.0 * 0.98 ** 9
+    assert r.full_latency_s == pytest.approx(2 * 7.7 + full_b) and r.latency_s == r.full_latency_s  # a's best came before its stop
