@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.tuning import _run_json
+from containers.atomic import write_atomically
 from bench.workloads import WORKLOADS
 
 OUT_DIR = Path("results/bench")
@@ -75,7 +76,7 @@ def bench_workload(name: str, work_root: Path, target: str = "cpu", chosen: Sequ
         result, failure = _run_json(command, None)
         arms[arm] = result or {"failure": failure}
         if result:
-            (work_dir / ARM_RESULT).write_text(json.dumps({"command": command, "result": result}))
+            write_atomically(work_dir / ARM_RESULT, json.dumps({"command": command, "result": result}))
         print(f"[{name}] {arm}: wall {arms[arm].get('wall_s')}", file=sys.stderr, flush=True)
     if not {"engine", "trimmer"} <= set(arms):
         return {}  # one arm alone: saved for a later --resume run to compare

@@ -1,10 +1,13 @@
-"""The preemption replay: a finished search's rounds fed to the real policy."""
+"""Benchmark helpers: the preemption replay, and arms kept for a resumed Trimmer benchmark."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 from bench.replay_preemption import replay
+from bench.trimmer import ARM_RESULT, _saved_arm
 from cost_models.preemption import PlateauPreemption
 
 
@@ -24,3 +27,13 @@ def test_a_replay_stops_a_flat_task_where_the_policy_would_and_keeps_its_best_at
     assert r.job_stopped_at is None and r.kept == 56 + 80 and r.of == 160
     full_b = 5.0 * 0.98 ** 9
     assert r.full_latency_s == pytest.approx(2 * 7.7 + full_b) and r.latency_s == r.full_latency_s  # a's best came before its stop
+
+
+def test_a_resumed_benchmark_keeps_only_an_arm_the_same_command_finished(tmp_path):
+    command = ["bench.arms", "autotune", "mlp", "384", str(tmp_path), "--policies", "off"]
+    assert _saved_arm(tmp_path, command) is None  # nothing saved: the arm runs
+    (tmp_path / ARM_RESULT).write_text(json.dumps({"command": command, "result": {"wall_s": 1.0}}))
+    assert _saved_arm(tmp_path, command) == {"wall_s": 1.0}
+    assert _saved_arm(tmp_path, [*command[:3], "320", *command[4:]]) is None  # another budget: run again
+    (tmp_path / ARM_RESULT).write_text('{"command": ')  # cut short as it was written
+    assert _saved_arm(tmp_path, command) is None
