@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.tuning import _run_json
-from containers.atomic import write_atomically
 from bench.workloads import WORKLOADS
+from containers.atomic import write_atomically
 
 OUT_DIR = Path("results/bench")
 # (trials, round size): the kernels 20 rounds and the MLP's three tasks 8 rounds each, long enough to reach
@@ -44,6 +44,7 @@ BUDGETS = {"matmul512": (320, 16), "conv3x3_resnet18": (320, 16), "mlp": (384, 1
            "bert_layer": (2304, 8)}
 WARM_WORKLOAD = "resnet18"
 ARMS = ("stock", "engine", "trimmer", "trimmer_warm")
+ARM_RESULT = "arm.json"  # an arm's command and result, in its work folder (what --resume keeps)
 TARGETS = {"device_s_saving": 0.40, "energy_saving": 0.40, "latency_ratio": 1.02, "drop_rate": 0.05}
 
 
@@ -93,9 +94,6 @@ def bench_workload(name: str, work_root: Path, target: str = "cpu", chosen: Sequ
     if failure:
         result["remeasure_failure"] = failure
     return result
-
-
-ARM_RESULT = "arm.json"  # an arm's command and result, in its work folder
 
 
 def _saved_arm(work_dir: Path, command: list[str]) -> dict[str, Any] | None:
