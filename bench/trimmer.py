@@ -1,7 +1,7 @@
 """Trimmer benchmark: what the candidate filter and preemption save, at what cost in model latency.
 
     python -m bench.trimmer [--workloads matmul512,conv3x3_resnet18,mlp,resnet18,bert_layer]
-                            [--target cuda --arms engine,trimmer]
+                            [--target cuda --arms engine,trimmer] [--resume]
 
 Arms, each in its own process, one after another on the same machine, same budget:
   stock    MetaSchedule's tune_tir / tune_relax with a warm build pool (stock defaults build
@@ -15,6 +15,8 @@ results/bench/trimmer.{json,md} by workload, so workloads can be run separately 
 another budget keeps the runs it replaces, listed as earlier, and so does a run under
 another preemption rule); a run on
 another target (``--target cuda``: energy from NVML's counter) goes to trimmer_<target>.{json,md}.
+Each arm's command and result are saved in its work folder; ``--resume`` keeps an arm the same
+command finished, so that a killed run goes on from the arm it was in.
 """
 
 from __future__ import annotations
