@@ -148,10 +148,11 @@ def _warm_builder(workers: int) -> Any:
 
 
 def autotune(workload: str, trials: int, work_dir: str, *, policies: str = "off", round_size: int | None = None,
-             warm_start: str | None = None, target_name: str = "cpu") -> dict[str, Any]:
+             warm_start: str | None = None, target_name: str = "cpu", seed: int = 0) -> dict[str, Any]:
     """Our session (budget split, parallel engine, final ranking) on the same workload and budget.
 
     ``policies``: "off" (the engine alone) or "trimmer" (candidate filter and preemption, defaults).
+    ``seed``: the search's; runs of both arms on the same seed are paired.
     Both bill with the same meters (NVML on a GPU target), so their energy compares.
     """
     spec, mod = _setup(workload, target_name)
@@ -174,7 +175,8 @@ def autotune(workload: str, trials: int, work_dir: str, *, policies: str = "off"
                 else PolicySettings(filter=False, preemption=False))
     chosen = build_policies(settings, target, spec.num_cores, 0, local_gpu_ids(None, spec.kind, spec.num_cores),
                             warnings.append)
-    session, _ = run_tuning(tasks, plan, spec, target, work_dir, round_size=round_size, policies=chosen)
+    session, _ = run_tuning(tasks, plan, spec, target, work_dir, round_size=round_size, seed=seed,
+                            policies=chosen)
     wall = time.monotonic() - started
     log = read_measurements(f"{work_dir}/{MEASUREMENTS_LOG}")
     weights = {t.name: t.weight for t in tasks}
@@ -230,10 +232,11 @@ if __name__ == "__main__":
     parser.add_argument("--round-size", type=int, default=None)
     parser.add_argument("--warm-start")
     parser.add_argument("--target", default="cpu")
+    parser.add_argument("--seed", type=int, default=0, help="the search's seed (our arms)")
     args = parser.parse_args()
     if args.arm == "autotune":
         out = autotune(args.workload, args.trials, args.work_dir, policies=args.policies, round_size=args.round_size,
-                       warm_start=args.warm_start, target_name=args.target)
+                       warm_start=args.warm_start, target_name=args.target, seed=args.seed)
     else:
         out = stock(args.workload, args.trials, args.work_dir, warm=args.arm == "warm_stock", target_name=args.target)
     print(json.dumps(out))

@@ -1,7 +1,7 @@
 """Trimmer benchmark: what the candidate filter and preemption save, at what cost in model latency.
 
     python -m bench.trimmer [--workloads matmul512,conv3x3_resnet18,mlp,resnet18,bert_layer]
-                            [--target cuda --arms engine,trimmer] [--resume]
+                            [--target cuda --arms engine,trimmer] [--resume] [--rerun [--seed N]]
 
 Arms, each in its own process, one after another on the same machine, same budget:
   stock    MetaSchedule's tune_tir / tune_relax with a warm build pool (stock defaults build
@@ -16,7 +16,8 @@ another budget keeps the runs it replaces, listed as earlier, and so does a run 
 another preemption rule); a run on
 another target (``--target cuda``: energy from NVML's counter) goes to trimmer_<target>.{json,md}.
 Each arm's command and result are saved in its work folder; ``--resume`` keeps an arm the same
-command finished, so that a killed run goes on from the arm it was in.
+command finished, so that a killed run goes on from the arm it was in. ``--rerun --seed N`` adds a
+run of our arms on another search seed; the tables pool each workload's runs under its current rule.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import argparse
 import json
 import platform
 import shutil
+import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -51,8 +53,10 @@ TARGETS = {"device_s_saving": 0.40, "energy_saving": 0.40, "latency_ratio": 1.02
 
 
 def bench_workload(name: str, work_root: Path, target: str = "cpu", chosen: Sequence[str] = ARMS,
-                   trials: int | None = None, resume: bool = False) -> dict[str, Any]:
+                   trials: int | None = None, resume: bool = False, seed: int = 0) -> dict[str, Any]:
     """Run ``chosen`` arms on ``name`` (``resume``: keep arms a run of the same command finished), then compare.
+
+    ``seed`` is our arms' search seed: the engine and trimmer arms of one run share it (a paired run).
 
     Returns {} when the engine or the trimmer arm is not among them: the arms run are only saved.
     """
@@ -67,7 +71,7 @@ def bench_workload(name: str, work_root: Path, target: str = "cpu", chosen: Sequ
             continue
         work_dir = work_root / name / arm
         command = ["bench.arms", args[0], name, str(trials), str(work_dir), *args[1:], "--round-size",
-                   str(round_size), "--target", target]
+                   str(round_size), "--target", target, *(["--seed", str(seed)] if seed else [])]
         saved = _saved_arm(work_dir, command) if resume else None
         if saved:
             print(f"[{name}] {arm}: kept from {work_dir / ARM_RESULT}", file=sys.stderr, flush=True)
@@ -89,7 +93,8 @@ def bench_workload(name: str, work_root: Path, target: str = "cpu", chosen: Sequ
     isolated, failure = _run_json(["bench.remeasure", "--target", target, name,
                                    *(f"{a}={d}" for a, d in dirs.items())], None)
     rows = {arm: _row(r, (isolated or {}).get(arm)) for arm, r in arms.items()}
-    result = {"description": WORKLOADS[name].description, "trials": trials, "round_size": round_size, "arms": rows,
+    result = {"description": WORKLOADS[name].description, "trials": trials, "round_size": round_size, "seed": seed,
+              "arms": rows,
               "trimmer_vs_engine": _compare(rows["engine"], rows["trimmer"])}
     if "trimmer_warm" in arms:
         result["warm_start"] = _warm(arms["trimmer"], arms["trimmer_warm"])
@@ -189,6 +194,28 @@ def _setup(result: dict[str, Any]) -> tuple[int, str]:
     return result["trials"], result["arms"]["trimmer"].get("preemption", {}).get("rule") or ROUNDS_RULE
 
 
+def _spread_table(report: dict[str, Any]) -> list[str]:
+    """Each workload's run and reruns under its current budget and rule, pooled: one run cannot resolve 2%."""
+    lines = ["", "Run and reruns pooled, by workload (its current budget and rule; paired runs on other seeds "
+             "among them): the spread of the latency ratio is the spread between searches.", "",
+             "| workload | runs (seeds) | latency ratio: median (min-max) | device-s saved: median | "
+             "energy saved: median | runs meeting all four |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for name, first in report["workloads"].items():
+        runs = [w for w in (first, *report.get("reruns", {}).get(name, []))
+                if _setup(w) == _setup(first) and "targets_met" in w["trimmer_vs_engine"]]
+        ratios = sorted(w["trimmer_vs_engine"]["latency_ratio"] for w in runs
+                        if w["trimmer_vs_engine"]["latency_ratio"] is not None)
+        if not ratios:
+            continue
+        median = lambda key: statistics.median(w["trimmer_vs_engine"][key] for w in runs)  # noqa: E731
+        seeds = sorted({w.get("seed", 0) for w in runs})
+        met = sum(all(w["trimmer_vs_engine"]["targets_met"].values()) for w in runs)
+        lines.append(f"| {name} | {len(runs)} ({', '.join(map(str, seeds))}) | {statistics.median(ratios):.3f} "
+                     f"({ratios[0]:.3f}-{ratios[-1]:.3f}) | {median('device_s_saving'):.0%} | "
+                     f"{median('energy_saving'):.0%} | {met} of {len(runs)} |")
+    return lines if len(lines) > 5 else []
+
+
 def write_tables(report: dict[str, Any], stem: str = "trimmer") -> None:
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     (OUT_DIR / f"{stem}.json").write_text(json.dumps(report, indent=2))
@@ -202,7 +229,8 @@ def write_tables(report: dict[str, Any], stem: str = "trimmer") -> None:
              + " never improved a best | drop rate: beat the best then / ended the best |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if gpu else "") + " ---: | ---: |"]
     runs = [(name, w) for name, w in report["workloads"].items()]
-    runs += [(f"{name} (rerun)", w) for name, reruns in report.get("reruns", {}).items() for w in reruns]
+    runs += [(f"{name} (rerun{', seed ' + str(w['seed']) if w.get('seed') else ''})", w)
+             for name, reruns in report.get("reruns", {}).items() for w in reruns]
     runs += [(f"{name} (earlier: {w['trials']} trials, {_setup(w)[1]})", w)
              for name, old in report.get("superseded", {}).items() for w in old]
     for name, w in runs:
@@ -225,6 +253,7 @@ def write_tables(report: dict[str, Any], stem: str = "trimmer") -> None:
                      f"{pct(c['energy_saving'])} | {pct(c['wall_saving'])} | "
                      f"{'-' if c['latency_ratio'] is None else format(c['latency_ratio'], '.3f')} | "
                      f"{'rounds' if _setup(w)[1] == ROUNDS_RULE else 'proposals'} | {met} |")
+    lines += _spread_table(report)
     warm = report["workloads"].get(WARM_WORKLOAD, {}).get("warm_start")
     if warm and "goal_model_latency_s" in warm:
         secs = lambda v: "never" if v is None else f"{v:.0f}"  # noqa: E731
@@ -264,6 +293,8 @@ def main() -> None:
     parser.add_argument("--rerun", action="store_true",
                         help="keep the recorded results and add these runs as reruns, compared side by side")
     parser.add_argument("--trials", type=int, help="override each workload's trial budget (its round size kept)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="our arms' search seed (with --rerun: a paired run on another seed)")
     parser.add_argument("--resume", action="store_true",
                         help="keep each arm that an earlier run of the same command finished (its work folder's "
                              f"{ARM_RESULT}): a killed benchmark goes on from the arm it was in, and one arm can "
@@ -284,7 +315,8 @@ def main() -> None:
                    + (f", {device}" if device else ""), "target": args.target,
                    "date": time.strftime("%Y-%m-%d"), "targets": TARGETS})
     for name in names:
-        result = bench_workload(name, args.work_root / args.target, args.target, chosen, args.trials, args.resume)
+        result = bench_workload(name, args.work_root / args.target, args.target, chosen, args.trials, args.resume,
+                                args.seed)
         if not result:
             print(f"[{name}] arms {', '.join(chosen)} saved; the comparison needs engine and trimmer (--resume)",
                   file=sys.stderr)

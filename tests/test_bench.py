@@ -7,7 +7,7 @@ import json
 import pytest
 
 from bench.replay_preemption import replay
-from bench.trimmer import ARM_RESULT, _saved_arm
+from bench.trimmer import ARM_RESULT, _saved_arm, _spread_table
 from cost_models.preemption import PlateauPreemption
 
 
@@ -37,3 +37,20 @@ def test_a_resumed_benchmark_keeps_only_an_arm_the_same_command_finished(tmp_pat
     assert _saved_arm(tmp_path, [*command[:3], "320", *command[4:]]) is None  # another budget: run again
     (tmp_path / ARM_RESULT).write_text('{"command": ')  # cut short as it was written
     assert _saved_arm(tmp_path, command) is None
+
+
+def _paired_run(ratio: float, saving: float, seed: int, rule: str = "task patience 96 proposals") -> dict:
+    met = {"device_s_saving": saving >= 0.4, "energy_saving": saving >= 0.4, "latency_ratio": ratio <= 1.02,
+           "drop_rate": True}
+    return {"trials": 320, "seed": seed, "arms": {"trimmer": {"preemption": {"rule": rule}}},
+            "trimmer_vs_engine": {"latency_ratio": ratio, "device_s_saving": saving, "energy_saving": saving,
+                                  "targets_met": met}}
+
+
+def test_the_pooled_table_spans_the_runs_under_the_current_rule_and_their_seeds():
+    report = {"workloads": {"matmul512": _paired_run(1.04, 0.5, 0)},
+              "reruns": {"matmul512": [_paired_run(0.98, 0.6, 0), _paired_run(1.01, 0.3, 2),
+                                       _paired_run(0.90, 0.9, 1, rule="another rule")]}}
+    row = next(line for line in _spread_table(report) if line.startswith("| matmul512"))
+    # the run under another rule is not pooled; the median of three ratios is the middle one
+    assert row == "| matmul512 | 3 (0, 2) | 1.010 (0.980-1.040) | 50% | 50% | 1 of 3 |"
