@@ -195,25 +195,26 @@ def _setup(result: dict[str, Any]) -> tuple[int, str]:
 
 
 def _spread_table(report: dict[str, Any]) -> list[str]:
-    """Each workload's run and reruns under its current budget and rule, pooled: one run cannot resolve 2%."""
-    lines = ["", "Run and reruns pooled, by workload (its current budget and rule; paired runs on other seeds "
-             "among them): the spread of the latency ratio is the spread between searches.", "",
+    """Each workload's run and reruns pooled by budget and rule: one run cannot resolve 2% on a kernel."""
+    groups: dict[tuple[str, tuple[int, str]], list[dict[str, Any]]] = {}
+    for name, first in report["workloads"].items():
+        for w in (first, *report.get("reruns", {}).get(name, [])):
+            if w["trimmer_vs_engine"].get("latency_ratio") is not None:
+                groups.setdefault((name, _setup(w)), []).append(w)
+    lines = ["", "Run and reruns pooled by workload, budget and rule (paired runs on other seeds among them): the "
+             "spread of the latency ratio is the spread between searches.", "",
              "| workload | runs (seeds) | latency ratio: median (min-max) | device-s saved: median | "
              "energy saved: median | runs meeting all four |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
-    for name, first in report["workloads"].items():
-        runs = [w for w in (first, *report.get("reruns", {}).get(name, []))
-                if _setup(w) == _setup(first) and "targets_met" in w["trimmer_vs_engine"]]
-        ratios = sorted(w["trimmer_vs_engine"]["latency_ratio"] for w in runs
-                        if w["trimmer_vs_engine"]["latency_ratio"] is not None)
-        if not ratios:
-            continue
+    for (name, setup), runs in groups.items():
+        label = name if setup == _setup(report["workloads"][name]) else f"{name} ({setup[0]} trials, {setup[1]})"
         median = lambda key: statistics.median(w["trimmer_vs_engine"][key] for w in runs)  # noqa: E731
+        ratios = sorted(w["trimmer_vs_engine"]["latency_ratio"] for w in runs)
         seeds = sorted({w.get("seed", 0) for w in runs})
         met = sum(all(w["trimmer_vs_engine"]["targets_met"].values()) for w in runs)
-        lines.append(f"| {name} | {len(runs)} ({', '.join(map(str, seeds))}) | {statistics.median(ratios):.3f} "
+        lines.append(f"| {label} | {len(runs)} ({', '.join(map(str, seeds))}) | {median('latency_ratio'):.3f} "
                      f"({ratios[0]:.3f}-{ratios[-1]:.3f}) | {median('device_s_saving'):.0%} | "
                      f"{median('energy_saving'):.0%} | {met} of {len(runs)} |")
-    return lines if len(lines) > 5 else []
+    return lines if groups else []
 
 
 def write_tables(report: dict[str, Any], stem: str = "trimmer") -> None:
