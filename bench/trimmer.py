@@ -17,7 +17,7 @@ another preemption rule); a run on
 another target (``--target cuda``: energy from NVML's counter) goes to trimmer_<target>.{json,md}.
 Each arm's command and result are saved in its work folder; ``--resume`` keeps an arm the same
 command finished, so that a killed run goes on from the arm it was in. ``--rerun --seed N`` adds a
-run of our arms on another search seed; the tables pool each workload's runs under its current rule.
+run of our arms on another search seed; a table pools each workload's runs by budget and rule.
 """
 
 from __future__ import annotations
@@ -94,8 +94,7 @@ def bench_workload(name: str, work_root: Path, target: str = "cpu", chosen: Sequ
                                    *(f"{a}={d}" for a, d in dirs.items())], None)
     rows = {arm: _row(r, (isolated or {}).get(arm)) for arm, r in arms.items()}
     result = {"description": WORKLOADS[name].description, "trials": trials, "round_size": round_size, "seed": seed,
-              "arms": rows,
-              "trimmer_vs_engine": _compare(rows["engine"], rows["trimmer"])}
+              "arms": rows, "trimmer_vs_engine": _compare(rows["engine"], rows["trimmer"])}
     if "trimmer_warm" in arms:
         result["warm_start"] = _warm(arms["trimmer"], arms["trimmer_warm"])
     if failure:
@@ -199,7 +198,7 @@ def _spread_table(report: dict[str, Any]) -> list[str]:
     groups: dict[tuple[str, tuple[int, str]], list[dict[str, Any]]] = {}
     for name, first in report["workloads"].items():
         for w in (first, *report.get("reruns", {}).get(name, [])):
-            if w["trimmer_vs_engine"].get("latency_ratio") is not None:
+            if "targets_met" in w["trimmer_vs_engine"] and w["trimmer_vs_engine"]["latency_ratio"] is not None:
                 groups.setdefault((name, _setup(w)), []).append(w)
     lines = ["", "Run and reruns pooled by workload, budget and rule (paired runs on other seeds among them): the "
              "spread of the latency ratio is the spread between searches.", "",
