@@ -74,6 +74,8 @@ def tune(
     model_window: Annotated[int, typer.Option(help="stop the job after this many proposals per live task without "
                                                    "a gain in the estimated model latency")] = 128,
     min_improvement: Annotated[float, typer.Option(help="a gain smaller than this share is no gain")] = 0.01,
+    patience_share: Annotated[float, typer.Option(help="task patience and model window are at least this share "
+                                                       "of the budget (a task's; the live tasks' mean)")] = 0.25,
     warm_start: Annotated[Optional[list[Path]], typer.Option(help="start the latency model from a saved model, "
                                                                   "tuning database, run folder or artifact (repeatable)")] = None,
     watts_per_core: Annotated[float, typer.Option(help="power of a busy core, for the estimate where no energy "
@@ -99,7 +101,7 @@ def tune(
             policies=PolicySettings(filter, filter_threshold, filter_keep, filter_explore, filter_min_tau,
                                     filter_trust_rounds, preemption,
                                     task_patience, min_task_trials, model_window, min_improvement,
-                                    watts_per_core, price_per_hour, tuple(str(p) for p in warm_start or ())),
+                                    patience_share, watts_per_core, price_per_hour, tuple(str(p) for p in warm_start or ())),
         )
         observer = SilentProgress() if quiet or as_json else LiveProgress()
         outcome = tune_model(config, observer)

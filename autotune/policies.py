@@ -36,6 +36,7 @@ class PolicySettings:
     min_task_trials: int = 32
     model_window: int = 128
     min_improvement: float = 0.01
+    patience_share: float = 0.25
     watts_per_core: float = DEFAULT_WATTS_PER_CORE
     price_per_hour: float | None = None
     warm_start: tuple[str, ...] = ()
@@ -61,7 +62,8 @@ class PolicySettings:
     def preemption_policy(self) -> Preemption:
         if not self.preemption:
             return NeverPreempt()
-        return PlateauPreemption(self.task_patience, self.min_task_trials, self.model_window, self.min_improvement)
+        return PlateauPreemption(self.task_patience, self.min_task_trials, self.model_window, self.min_improvement,
+                                 self.patience_share)
 
 
 @dataclass

@@ -258,7 +258,7 @@ class TuningSession:
                                           dict(zip(plan.selection.measure, improved)), plan.trained,
                                           dict(zip(plan.selection.measure, latencies)), state.task.name)
             rounds.append(TaskRound(state.task.name, best_before, state.best_s, state.proposed, plan.kind != "sampled",
-                                    state.task.weight))
+                                    state.task.weight, state.budget))
             if state.remaining == 0:
                 self._finish(state, searches)
         decision = self.preemption.after_round(rounds, self.model_latency_s())

@@ -3,6 +3,7 @@
     python -m bench.replay_preemption WORK_DIR WORKLOAD [--round-size 8]
                                       [--task-patience 96,192] [--min-task-trials 32]
                                       [--model-window 128] [--min-improvement 0.01]
+                                      [--patience-share 0.25]
 
 WORK_DIR is a run of the engine alone (the Trimmer benchmark's engine arm): it measured every
 proposal and logged each in order. Its rounds are fed, as the session would feed them, to
@@ -49,6 +50,7 @@ def replay(log: list[dict[str, Any]], weights: dict[str, int], round_size: int, 
         chunks[task] = [mine[i:i + round_size] for i in range(0, len(mine), round_size)]
     best = {task: math.inf for task in weights}
     proposed = dict.fromkeys(weights, 0)
+    budget = {task: sum(map(len, c)) for task, c in chunks.items()}  # the engine arm uses its whole budget
     live, stopped, kept, job_round = set(weights), {}, 0, None
     for k in range(max(len(c) for c in chunks.values())):
         rounds = []
@@ -61,7 +63,7 @@ def replay(log: list[dict[str, Any]], weights: dict[str, int], round_size: int, 
             proposed[task] += len(chunk)
             kept += len(chunk)
             rounds.append(TaskRound(task, before, best[task], proposed[task], chunk[0]["proposed_by"] != "sampled",
-                                    weights[task]))
+                                    weights[task], budget[task]))
         if not rounds:
             break
         decision = policy.after_round(rounds, sum(weights[t] * b for t, b in best.items()))
@@ -90,7 +92,7 @@ def main() -> None:
     parser.add_argument("workload")
     parser.add_argument("--round-size", type=int, default=8)
     grid = {"task_patience": (int, "96"), "min_task_trials": (int, "32"), "model_window": (int, "128"),
-            "min_improvement": (float, "0.01")}
+            "min_improvement": (float, "0.01"), "patience_share": (float, "0.25")}
     for name, (_, default) in grid.items():
         parser.add_argument(f"--{name.replace('_', '-')}", default=default, help="comma-separated values to try")
     args = parser.parse_args()
@@ -105,14 +107,15 @@ def main() -> None:
         raise SystemExit(f"{args.work_dir / MEASUREMENTS_LOG}: no measurements; expected a finished run's log")
     weights = task_weights(args.workload)
     values = {name: [kind(v) for v in getattr(args, name).split(",")] for name, (kind, _) in grid.items()}
-    print("| task patience | min trials | model window | min gain | tasks stopped | job stopped "
+    print("| task patience | min trials | model window | min gain | patience share | tasks stopped | job stopped "
           "| measurements kept | estimated latency / run's |")
-    print("| ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |")
     for combo in itertools.product(*values.values()):
         settings = dict(zip(values, combo))
         r = replay(log, weights, args.round_size, PlateauPreemption(**settings), settings)
         print(f"| {settings['task_patience']} | {settings['min_task_trials']} | "
-              f"{settings['model_window']} | {settings['min_improvement']:g} | {len(r.stopped)} | "
+              f"{settings['model_window']} | {settings['min_improvement']:g} | {settings['patience_share']:g} | "
+              f"{len(r.stopped)} | "
               f"{'-' if r.job_stopped_at is None else f'round {r.job_stopped_at}'} | {r.kept / r.of:.0%} "
               f"({r.kept} of {r.of}) | {r.latency_s / r.full_latency_s:.3f} |")
 

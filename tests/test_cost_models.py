@@ -94,6 +94,7 @@ def test_measure_all_drops_nothing():
                                           ({"task_patience": -1}, "--task-patience"),
                                           ({"model_window": 0}, "--model-window"),
                                           ({"min_improvement": 1.0}, "--min-improvement"),
+                                          ({"patience_share": -0.1}, "--patience-share"),
                                           ({"watts_per_core": 0.0}, "--watts-per-core"),
                                           ({"price_per_hour": -1.0}, "--price-per-hour")])
 def test_thresholds_out_of_range_are_usage_errors(kwargs, flag):
@@ -141,6 +142,27 @@ def test_the_patience_counts_proposals_not_rounds():
         stopped_at = next(n for n in range(2 * size, 10**4, size)
                           if p.after_round([TaskRound("a", 1.0, 1.0, n)], 1.0).stop_tasks)
         assert stopped_at == size + 64
+
+
+def test_the_patience_grows_to_its_share_of_a_large_budget():
+    """96 flat proposals stop a task of 320 trials; one of 1000 gets a quarter of them, 250."""
+    for budget, stopped_at in ((320, 16 + 96), (1000, 16 + 256)):
+        p = PlateauPreemption(task_patience=96, min_task_trials=0, model_window=10**6, patience_share=0.25)
+        p.after_round([TaskRound("a", math.inf, 1.0, 16, directed=False, budget=budget)], 1.0)
+        assert next(n for n in range(32, budget, 16)
+                    if p.after_round([TaskRound("a", 1.0, 1.0, n, budget=budget)], 1.0).stop_tasks) == stopped_at
+    assert "at least 25% of the budget" in p.rule
+
+
+def test_the_job_window_grows_to_its_share_of_the_live_tasks_mean_budget():
+    # rounds of 16 a task: a window of 64 proposals closes at the 4th flat round, one of 200 (a quarter of 800) at the 13th
+    for budgets, stop in (((200, 200), 16 + 64), ((1000, 600), 16 + 208)):
+        p = PlateauPreemption(task_patience=10**6, min_task_trials=0, model_window=64, patience_share=0.25)
+        p.after_round([TaskRound(t, math.inf, 1.0, 16, budget=b) for t, b in zip("ab", budgets)], 2.0)
+        stopped_at = next(n for n in range(32, 10**4, 16)
+                          if p.after_round([TaskRound(t, 1.0, 1.0, n, budget=b) for t, b in zip("ab", budgets)],
+                                           2.0).stop_job)
+        assert stopped_at == stop
 
 
 def test_improving_task_is_never_stopped():
