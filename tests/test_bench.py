@@ -8,6 +8,7 @@ import pytest
 
 from bench.replay_preemption import replay
 from bench.trimmer import ARM_RESULT, _saved_arm, _spread_table
+from autotune.policies import PolicySettings
 from cost_models.preemption import PlateauPreemption
 
 
@@ -35,6 +36,12 @@ def test_a_resumed_benchmark_keeps_only_an_arm_the_same_command_finished(tmp_pat
     (tmp_path / ARM_RESULT).write_text(json.dumps({"command": command, "result": {"wall_s": 1.0}}))
     assert _saved_arm(tmp_path, command) == {"wall_s": 1.0}
     assert _saved_arm(tmp_path, [*command[:3], "320", *command[4:]]) is None  # another budget: run again
+    rule = {"policies": {"preemption": {"rule": PolicySettings().preemption_policy().rule}}}
+    (tmp_path / ARM_RESULT).write_text(json.dumps({"command": command, "result": rule}))
+    assert _saved_arm(tmp_path, command, trimmed=True) == rule
+    (tmp_path / ARM_RESULT).write_text(json.dumps({"command": command, "result": {"policies": {"preemption": {
+        "rule": "task patience 96 proposals (after 32)"}}}}))
+    assert _saved_arm(tmp_path, command, trimmed=True) is None  # a trimmer arm under another rule: run again
     (tmp_path / ARM_RESULT).write_text('{"command": ')  # cut short as it was written
     assert _saved_arm(tmp_path, command) is None
 
