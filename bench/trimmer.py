@@ -72,7 +72,7 @@ def bench_workload(name: str, work_root: Path, target: str = "cpu", chosen: Sequ
         work_dir = work_root / name / arm
         command = ["bench.arms", args[0], name, str(trials), str(work_dir), *args[1:], "--round-size",
                    str(round_size), "--target", target, *(["--seed", str(seed)] if seed else [])]
-        saved = _saved_arm(work_dir, command, "trimmer" in arm) if resume else None
+        saved = _saved_arm(work_dir, command) if resume else None
         if saved:
             print(f"[{name}] {arm}: kept from {work_dir / ARM_RESULT}", file=sys.stderr, flush=True)
             arms[arm] = saved
@@ -102,10 +102,10 @@ def bench_workload(name: str, work_root: Path, target: str = "cpu", chosen: Sequ
     return result
 
 
-def _saved_arm(work_dir: Path, command: list[str], trimmed: bool = False) -> dict[str, Any] | None:
+def _saved_arm(work_dir: Path, command: list[str]) -> dict[str, Any] | None:
     """The result an earlier run of ``command`` left in ``work_dir``, or None.
 
-    ``trimmed``: the arm runs the default preemption, which its command does not name; one run
+    A trimmer arm runs the default preemption, which its command does not name: one that ran
     under another rule is not kept.
     """
     from autotune.policies import PolicySettings
@@ -117,6 +117,7 @@ def _saved_arm(work_dir: Path, command: list[str], trimmed: bool = False) -> dic
     if saved.get("command") != command:
         return None
     rule = saved["result"].get("policies", {}).get("preemption", {}).get("rule")
+    trimmed = "trimmer" in command
     return None if trimmed and rule != PolicySettings().preemption_policy().rule else saved["result"]
 
 

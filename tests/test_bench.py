@@ -36,12 +36,13 @@ def test_a_resumed_benchmark_keeps_only_an_arm_the_same_command_finished(tmp_pat
     (tmp_path / ARM_RESULT).write_text(json.dumps({"command": command, "result": {"wall_s": 1.0}}))
     assert _saved_arm(tmp_path, command) == {"wall_s": 1.0}
     assert _saved_arm(tmp_path, [*command[:3], "320", *command[4:]]) is None  # another budget: run again
+    trimmer = [*command[:-1], "trimmer"]
     rule = {"policies": {"preemption": {"rule": PolicySettings().preemption_policy().rule}}}
-    (tmp_path / ARM_RESULT).write_text(json.dumps({"command": command, "result": rule}))
-    assert _saved_arm(tmp_path, command, trimmed=True) == rule
-    (tmp_path / ARM_RESULT).write_text(json.dumps({"command": command, "result": {"policies": {"preemption": {
+    (tmp_path / ARM_RESULT).write_text(json.dumps({"command": trimmer, "result": rule}))
+    assert _saved_arm(tmp_path, trimmer) == rule
+    (tmp_path / ARM_RESULT).write_text(json.dumps({"command": trimmer, "result": {"policies": {"preemption": {
         "rule": "task patience 96 proposals (after 32)"}}}}))
-    assert _saved_arm(tmp_path, command, trimmed=True) is None  # a trimmer arm under another rule: run again
+    assert _saved_arm(tmp_path, trimmer) is None  # a trimmer arm under another rule: run again
     (tmp_path / ARM_RESULT).write_text('{"command": ')  # cut short as it was written
     assert _saved_arm(tmp_path, command) is None
 
