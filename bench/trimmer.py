@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.remeasure import ratio_interval
 from bench.tuning import _run_json
 from bench.workloads import WORKLOADS
 from containers.atomic import write_atomically
@@ -92,9 +93,12 @@ def bench_workload(name: str, work_root: Path, target: str = "cpu", chosen: Sequ
     print(f"[{name}] re-measuring final latencies side by side ...", file=sys.stderr, flush=True)
     isolated, failure = _run_json(["bench.remeasure", "--target", target, name,
                                    *(f"{a}={d}" for a, d in dirs.items())], None)
-    rows = {arm: _row(r, (isolated or {}).get(arm)) for arm, r in arms.items()}
+    isolated = isolated or {"median": {}, "turns": {}}
+    rows = {arm: _row(r, isolated["median"].get(arm)) for arm, r in arms.items()}
+    turns = [isolated["turns"].get(arm) for arm in ("trimmer", "engine")]
     result = {"description": WORKLOADS[name].description, "trials": trials, "round_size": round_size, "seed": seed,
-              "arms": rows, "trimmer_vs_engine": _compare(rows["engine"], rows["trimmer"])}
+              "arms": rows, "trimmer_vs_engine": _compare(rows["engine"], rows["trimmer"],
+                                                          ratio_interval(*turns) if all(turns) else None)}
     if "trimmer_warm" in arms:
         result["warm_start"] = _warm(arms["trimmer"], arms["trimmer_warm"])
     if failure:
@@ -153,7 +157,9 @@ def _row(arm: dict[str, Any], final_s: float | None) -> dict[str, Any]:
     return row
 
 
-def _compare(engine: dict[str, Any], trimmer: dict[str, Any]) -> dict[str, Any]:
+def _compare(engine: dict[str, Any], trimmer: dict[str, Any],
+             interval: tuple[float, float] | None = None) -> dict[str, Any]:
+    """Trimmer against engine; ``interval``: the latency ratio's 95% bootstrap interval from the re-timing turns."""
     if "failure" in engine or "failure" in trimmer:
         return {"note": "an arm failed"}
     saving = lambda k: round(1 - trimmer[k] / engine[k], 3) if engine[k] else None  # noqa: E731
@@ -161,7 +167,9 @@ def _compare(engine: dict[str, Any], trimmer: dict[str, Any]) -> dict[str, Any]:
                if trimmer["final_latency_s"] and engine["final_latency_s"] else None)
     out = {"device_s_saving": saving("device_s_measuring"), "energy_saving": saving("energy_j"),
            "wall_saving": saving("wall_s"), "measured_saving": saving("measured"),
-           "latency_ratio": round(latency, 4) if latency else None, "drop_rate": trimmer.get("drop_rate"),
+           "latency_ratio": round(latency, 4) if latency else None,
+           "latency_ratio_interval": [round(x, 4) for x in interval] if interval else None,
+           "drop_rate": trimmer.get("drop_rate"),
            "final_best_drop_rate": trimmer.get("final_best_drop_rate")}
     # the target is on what a drop can cost: a sampled candidate that ended as its task's fastest (runs before
     # that rate was recorded are held to the stricter "beat the best at the time")
@@ -253,7 +261,7 @@ def write_tables(report: dict[str, Any], stem: str = "trimmer") -> None:
                          + (f"{kj(r.get('gpu_energy_j'))} | " if gpu else "")
                          + f"{pct(r['wasted_share'])} | {pct(r.get('drop_rate'))} / {pct(r.get('final_best_drop_rate'))} |")
     lines += ["", "| workload | trials (round) | device-s saved | energy saved | wall saved | latency trimmer / engine "
-              "| preemption counted in | targets met |", "| --- | --- | ---: | ---: | ---: | ---: | --- | --- |"]
+              "(95% re-timing interval) | preemption counted in | targets met |", "| --- | --- | ---: | ---: | ---: | ---: | --- | --- |"]
     for name, w in runs:
         c = w["trimmer_vs_engine"]
         if "targets_met" not in c:
@@ -261,7 +269,9 @@ def write_tables(report: dict[str, Any], stem: str = "trimmer") -> None:
         met = ", ".join(k for k, v in c["targets_met"].items() if v) or "none"
         lines.append(f"| {name} | {w['trials']} ({w['round_size']}) | {pct(c['device_s_saving'])} | "
                      f"{pct(c['energy_saving'])} | {pct(c['wall_saving'])} | "
-                     f"{'-' if c['latency_ratio'] is None else format(c['latency_ratio'], '.3f')} | "
+                     f"{'-' if c['latency_ratio'] is None else format(c['latency_ratio'], '.3f')}"
+                     + ("" if not c.get("latency_ratio_interval") else " ({:.3f}-{:.3f})".format(
+                         *c["latency_ratio_interval"])) + " | "
                      f"{'rounds' if _setup(w)[1] == ROUNDS_RULE else 'proposals'} | {met} |")
     lines += _spread_table(report)
     warm = report["workloads"].get(WARM_WORKLOAD, {}).get("warm_start")
@@ -285,7 +295,9 @@ def write_tables(report: dict[str, Any], stem: str = "trimmer") -> None:
               "and measured all the same (its random exploration sample; every proposal of the rounds it did not "
               "filter), the share that beat their task's best at the time, and the share that ended as their "
               "task's fastest of the job (what a drop can cost; the target's rate, '-' in runs before it was "
-              "recorded, which are held to the first). "
+              "recorded, which are held to the first). Re-timing interval: the latency ratio's 95% bootstrap "
+              "interval over the re-timing turns, resampled in pairs (the timing noise in one run's ratio; runs "
+              "before it was recorded show none; the search's luck shows only across runs). "
               f"Targets (trimmer vs engine): device-s and energy saved >= {TARGETS['device_s_saving']:.0%}, "
               f"latency ratio <= {TARGETS['latency_ratio']}, drop rate < {TARGETS['drop_rate']:.0%}."]
     if report.get("notes"):
