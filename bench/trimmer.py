@@ -8,8 +8,9 @@ Arms, each in its own process, one after another on the same machine, same budge
            nothing here, see tuning.md), its runner timed for device-seconds
   engine   our session and parallel engine alone (no filter, no preemption)
   trimmer  the same with the candidate filter and preemption at their defaults
-For zoo:resnet18 a fourth arm, trimmer_warm, is the trimmer arm again with its latency model
-started from the first trimmer run's saved model. Final latencies (the kernel's best, or the
+For zoo:resnet18 two more arms run the trimmer arm again warm-started from the first trimmer
+run: trimmer_warm from its saved latency model alone, trimmer_warm_run from its run folder (the
+saved model, and its database's best schedules leading each task's first round). Final latencies (the kernel's best, or the
 compiled model) are re-measured side by side in turns. Results merge into
 results/bench/trimmer.{json,md} by workload, so workloads can be run separately (a first run at
 another budget keeps the runs it replaces, listed as earlier, and so does a run under
@@ -48,7 +49,10 @@ OUT_DIR = Path("results/bench")
 BUDGETS = {"matmul512": (320, 16), "conv3x3_resnet18": (320, 16), "mlp": (384, 16), "resnet18": (2880, 8),
            "bert_layer": (2304, 8)}
 WARM_WORKLOAD = "resnet18"
-ARMS = ("stock", "engine", "trimmer", "trimmer_warm")
+ARMS = ("stock", "engine", "trimmer", "trimmer_warm", "trimmer_warm_run")
+WARM_ARMS = {"trimmer_warm": ("warm_start", "the first trimmer run's saved latency model"),
+             "trimmer_warm_run": ("warm_start_run", "the first trimmer run's folder: its saved model, and its "
+                                  "database's best schedules leading each task's first round")}  # result key, from
 ARM_RESULT = "arm.json"  # an arm's command and result, in its work folder (what --resume keeps)
 TARGETS = {"device_s_saving": 0.40, "energy_saving": 0.40, "latency_ratio": 1.02, "drop_rate": 0.05}
 
@@ -66,9 +70,10 @@ def bench_workload(name: str, work_root: Path, target: str = "cpu", chosen: Sequ
     plan = [("stock", ["warm_stock"]), ("engine", ["autotune", "--policies", "off"]),
             ("trimmer", ["autotune", "--policies", "trimmer"]),
             ("trimmer_warm", ["autotune", "--policies", "trimmer", "--warm-start",
-                              str(work_root / name / "trimmer" / "cost_model")])]
+                              str(work_root / name / "trimmer" / "cost_model")]),
+            ("trimmer_warm_run", ["autotune", "--policies", "trimmer", "--warm-start", str(work_root / name / "trimmer")])]
     for arm, args in plan:
-        if arm not in chosen or (arm == "trimmer_warm" and name != WARM_WORKLOAD):
+        if arm not in chosen or (arm in WARM_ARMS and name != WARM_WORKLOAD):
             continue
         work_dir = work_root / name / arm
         command = ["bench.arms", args[0], name, str(trials), str(work_dir), *args[1:], "--round-size",
@@ -99,8 +104,9 @@ def bench_workload(name: str, work_root: Path, target: str = "cpu", chosen: Sequ
     result = {"description": WORKLOADS[name].description, "trials": trials, "round_size": round_size, "seed": seed,
               "arms": rows, "trimmer_vs_engine": _compare(rows["engine"], rows["trimmer"],
                                                           ratio_interval(*turns) if all(turns) else None)}
-    if "trimmer_warm" in arms:
-        result["warm_start"] = _warm(arms["trimmer"], arms["trimmer_warm"])
+    for arm, (key, _) in WARM_ARMS.items():
+        if arm in arms:
+            result[key] = _warm(arms["trimmer"], arms[arm])
     if failure:
         result["remeasure_failure"] = failure
     return result
@@ -234,10 +240,39 @@ def _spread_table(report: dict[str, Any]) -> list[str]:
     return lines if groups else []
 
 
+def _us(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e6:.1f}"
+
+
+def _warm_table(result: dict[str, Any]) -> list[str]:
+    """Seconds until each warm run came within each margin of the first trimmer run's final estimate."""
+    warm = {arm: result[key] for arm, (key, _) in WARM_ARMS.items()
+            if "goal_model_latency_s" in result.get(key, {})}
+    if not warm:
+        return []
+    secs = lambda v: "never" if v is None else f"{v:.0f}"  # noqa: E731
+    sooner = lambda first, run: f"{first / run:.2f}x" if first and run else "-"  # noqa: E731
+    goal = next(iter(warm.values()))["goal_model_latency_s"]
+    lines = ["", f"Warm start ({WARM_WORKLOAD}): seconds until each run's estimated model latency first came within a "
+             f"margin of the first trimmer run's final ({_us(goal)} us), and how much sooner than the first run. "
+             + " ".join(f"{arm} started from {WARM_ARMS[arm][1]}; its own final estimate "
+                        f"{_us(w['warm_final_model_latency_s'])} us." for arm, w in warm.items()), "",
+             "| within | first run (s) | " + " | ".join(f"{arm} (s) | sooner" for arm in warm) + " |",
+             "| ---: | ---: | " + " | ".join("---: | ---:" for _ in warm) + " |"]
+    first = next(iter(warm.values()))
+    for i, m in enumerate(first.get("milestones", [{"within": 0.0, "first_run_s": first["first_run_reached_s"]}])):
+        cells = []
+        for w in warm.values():
+            run_s = w["milestones"][i]["warm_run_s"] if "milestones" in w else w["warm_run_reached_s"]
+            cells.append(f"{secs(run_s)} | {sooner(m['first_run_s'], run_s)}")
+        lines.append(f"| {m['within']:.0%} | {secs(m['first_run_s'])} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def write_tables(report: dict[str, Any], stem: str = "trimmer") -> None:
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     (OUT_DIR / f"{stem}.json").write_text(json.dumps(report, indent=2))
-    us = lambda v: "-" if v is None else f"{v * 1e6:.1f}"  # noqa: E731
+    us = _us
     pct = lambda v: "-" if v is None else f"{v:.0%}"  # noqa: E731
     kj = lambda v: "-" if v is None else f"{v / 1000:.2f}"  # noqa: E731
     gpu = report.get("target", "cpu") == "cuda"
@@ -274,18 +309,7 @@ def write_tables(report: dict[str, Any], stem: str = "trimmer") -> None:
                          *c["latency_ratio_interval"])) + " | "
                      f"{'rounds' if _setup(w)[1] == ROUNDS_RULE else 'proposals'} | {met} |")
     lines += _spread_table(report)
-    warm = report["workloads"].get(WARM_WORKLOAD, {}).get("warm_start")
-    if warm and "goal_model_latency_s" in warm:
-        secs = lambda v: "never" if v is None else f"{v:.0f}"  # noqa: E731
-        lines += ["", f"Warm start ({WARM_WORKLOAD}): seconds until each run's estimated model latency first came "
-                  f"within a margin of the first trimmer run's final ({us(warm['goal_model_latency_s'])} us); the warm "
-                  "run's latency model started from the first run's. Its own final estimate: "
-                  f"{us(warm['warm_final_model_latency_s'])} us.", "",
-                  "| within | first run (s) | warm run (s) | sooner |", "| ---: | ---: | ---: | ---: |"]
-        for m in warm.get("milestones", [{"within": 0.0, "first_run_s": warm["first_run_reached_s"],
-                                          "warm_run_s": warm["warm_run_reached_s"]}]):
-            ratio = f"{m['first_run_s'] / m['warm_run_s']:.2f}x" if m["first_run_s"] and m["warm_run_s"] else "-"
-            lines.append(f"| {m['within']:.0%} | {secs(m['first_run_s'])} | {secs(m['warm_run_s'])} | {ratio} |")
+    lines += _warm_table(report["workloads"].get(WARM_WORKLOAD, {}))
     energy = ("Energy: the GPU's own counter (NVML total energy, measured) plus the CPUs' share, estimated "
               "(no RAPL counter readable) as CPU-seconds of every process of the arm x 7.5 W per busy core. "
               if gpu else "Energy is estimated (this VM exposes no RAPL counter): CPU-seconds of every process of "
