@@ -10,8 +10,8 @@ Arms, each in its own process, one after another on the same machine, same budge
   trimmer  the same with the candidate filter and preemption at their defaults
 For zoo:resnet18 two more arms run the trimmer arm again warm-started from the first trimmer
 run: trimmer_warm from its saved latency model alone, trimmer_warm_run from its run folder (the
-saved model, and its database's best schedules leading each task's first round). Final latencies (the kernel's best, or the
-compiled model) are re-measured side by side in turns. Results merge into
+saved model, and its database's best schedules leading each task's first round). Final
+latencies (the kernel's best, or the compiled model) are re-measured side by side in turns. Results merge into
 results/bench/trimmer.{json,md} by workload, so workloads can be run separately (a first run at
 another budget keeps the runs it replaces, listed as earlier, and so does a run under
 another preemption rule); a run on
@@ -71,7 +71,8 @@ def bench_workload(name: str, work_root: Path, target: str = "cpu", chosen: Sequ
             ("trimmer", ["autotune", "--policies", "trimmer"]),
             ("trimmer_warm", ["autotune", "--policies", "trimmer", "--warm-start",
                               str(work_root / name / "trimmer" / "cost_model")]),
-            ("trimmer_warm_run", ["autotune", "--policies", "trimmer", "--warm-start", str(work_root / name / "trimmer")])]
+            ("trimmer_warm_run", ["autotune", "--policies", "trimmer", "--warm-start",
+                                  str(work_root / name / "trimmer")])]
     for arm, args in plan:
         if arm not in chosen or (arm in WARM_ARMS and name != WARM_WORKLOAD):
             continue
@@ -296,7 +297,8 @@ def write_tables(report: dict[str, Any], stem: str = "trimmer") -> None:
                          + (f"{kj(r.get('gpu_energy_j'))} | " if gpu else "")
                          + f"{pct(r['wasted_share'])} | {pct(r.get('drop_rate'))} / {pct(r.get('final_best_drop_rate'))} |")
     lines += ["", "| workload | trials (round) | device-s saved | energy saved | wall saved | latency trimmer / engine "
-              "(95% re-timing interval) | preemption counted in | targets met |", "| --- | --- | ---: | ---: | ---: | ---: | --- | --- |"]
+              "(95% re-timing interval) | preemption counted in | targets met |",
+              "| --- | --- | ---: | ---: | ---: | ---: | --- | --- |"]
     for name, w in runs:
         c = w["trimmer_vs_engine"]
         if "targets_met" not in c:
