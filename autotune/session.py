@@ -58,6 +58,10 @@ class TaskState:
     wall_s: float = 0.0
     finished: bool = False
     stopped: str = ""  # why the task ended before its budget ("" if it did not)
+    planned: int = field(init=False)  # the budget it started with (``budget`` grows with trials handed over)
+
+    def __post_init__(self) -> None:
+        self.planned = self.budget
 
     @property
     def proposed(self) -> int:
@@ -265,7 +269,7 @@ class TuningSession:
                                           dict(zip(plan.selection.measure, improved)), plan.trained,
                                           dict(zip(plan.selection.measure, latencies)), state.task.name)
             rounds.append(TaskRound(state.task.name, best_before, state.best_s, state.proposed, plan.kind in DIRECTED,
-                                    state.task.weight, state.budget))
+                                    state.task.weight, state.planned))
             if state.remaining == 0:
                 self._finish(state, searches)
         decision = self.preemption.after_round(rounds, self.model_latency_s())

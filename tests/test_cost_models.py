@@ -151,7 +151,7 @@ def test_the_patience_grows_to_its_share_of_a_large_budget():
         p.after_round([TaskRound("a", math.inf, 1.0, 16, directed=False, budget=budget)], 1.0)
         assert next(n for n in range(32, budget, 16)
                     if p.after_round([TaskRound("a", 1.0, 1.0, n, budget=budget)], 1.0).stop_tasks) == stopped_at
-    assert "at least 25% of the budget" in p.rule
+    assert "at least 25% of the planned budget" in p.rule
 
 
 def test_the_job_window_grows_to_its_share_of_the_live_tasks_mean_budget():
@@ -408,6 +408,9 @@ def test_filter_and_preemption_in_a_real_session(tmp_path):
     assert report["filter"]["final_best_sampled"] == sampled  # every sampled candidate was measured
     assert report["filter"]["final_best_hits"] <= len(session.states)  # a task has one fastest candidate
     assert any(s.stopped.startswith("no gain") for s in session.states)
+    # patience is counted on the budget each task was planned with; stopped tasks' trials went to the others
+    assert all(s.planned == prepared.plan.trials[s.task.name] for s in session.states)
+    assert sum(s.budget for s in session.states if s.stopped) < sum(s.planned for s in session.states if s.stopped)
     # each task starts from random draws and evolves from what it measured; its second round always
     # evolves (the model's rank correlation is only known once that round is measured)
     rounds = report["search_rounds"]
