@@ -76,8 +76,9 @@ def tune(
     min_improvement: Annotated[float, typer.Option(help="a gain smaller than this share is no gain")] = 0.01,
     patience_share: Annotated[float, typer.Option(help="task patience and model window are at least this share "
                                                        "of the budget (a task's; the live tasks' mean)")] = 0.25,
-    warm_start: Annotated[Optional[list[Path]], typer.Option(help="start the latency model from a saved model, "
-                                                                  "tuning database, run folder or artifact (repeatable)")] = None,
+    warm_start: Annotated[Optional[list[Path]], typer.Option(
+        help="start from an earlier job (repeatable): a saved latency model, or a tuning database, run folder or "
+             "artifact, whose best schedules also lead each matching task's first round")] = None,
     watts_per_core: Annotated[float, typer.Option(help="power of a busy core, for the estimate where no energy "
                                                        "counter is readable")] = 7.5,
     price_per_hour: Annotated[Optional[float], typer.Option(help="price per device-hour: adds the job's cost "

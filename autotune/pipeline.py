@@ -185,6 +185,7 @@ def run_tuning(tasks: list[Any], plan: Any, target_spec: Any, target: Any, work_
         candidate_filter=policies.candidate_filter,
         preemption=policies.preemption,
         energy=policies.energy,
+        warm_databases=policies.warm_databases,
     )
     try:
         ranked = session.run()

@@ -2,8 +2,9 @@
 
 ``PolicySettings`` is what the command line says (checked when the job is configured,
 before anything loads); ``build_policies`` turns it into the objects, starting the
-latency model warm from earlier runs when asked. A saved model or database that
-cannot be used is refused with its reason, and tuning goes on with a fresh model.
+latency model warm from earlier runs when asked, and naming the earlier databases whose
+best schedules seed the tasks' first rounds. A saved model or database that cannot be
+used is refused with its reason, and tuning goes on with a fresh model.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ class Policies:
     candidate_filter: CandidateFilter
     preemption: Preemption
     energy: EnergyLedger
+    warm_databases: tuple[Any, ...] = ()  # earlier jobs' databases (read), whose best schedules seed each task
 
     @classmethod
     def off(cls, num_cores: int, seed: int = 0) -> Policies:
@@ -91,29 +93,47 @@ def build_policies(settings: PolicySettings, target: Any, num_cores: int, seed: 
         candidate_filter=settings.candidate_filter(seed),
         preemption=settings.preemption_policy(),
         energy=EnergyLedger(cpu_meter(), gpu_meter(gpu_indices), settings.watts_per_core, settings.price_per_hour),
+        warm_databases=earlier_databases(settings.warm_start, warn),
     )
+
+
+def earlier_databases(sources: Sequence[str], warn: Callable[[str], None]) -> tuple[Any, ...]:
+    """The tuning databases ``sources`` hold, read: their best schedules seed the tasks' first rounds."""
+    from cost_models.latency_model import CostModelRefused, open_database
+
+    found = []
+    for source in sources:
+        _, folder = _find(Path(source))
+        if folder:
+            try:
+                found.append(open_database(folder))
+            except CostModelRefused as err:
+                warn(f"earlier schedules not used: {err}")
+    return tuple(found)
 
 
 def start_latency_model(sources: Sequence[str], target: Any, num_cores: int, seed: int,
                         warn: Callable[[str], None]) -> Any:
-    """A latency model started from ``sources`` (saved models and tuning databases), or a fresh one.
+    """A latency model started from ``sources`` (saved models, tuning databases, run folders, artifacts),
+    or a fresh one.
 
-    A saved model is taken as it is (the first one found); databases are learned from on top.
+    A saved model is taken as it is (the first one found); databases beside no saved model are
+    learned from on top (a run folder's saved model has learned its own database already).
     """
     from cost_models.latency_model import (CostModelRefused, create_latency_model, load_latency_model,
                                            warm_start_from_databases)
 
     model = None
     for source in sources:
-        kind, path = _resolve(Path(source))
+        saved, database = _find(Path(source))
         try:
-            if kind == "model" and model is None:
-                model = load_latency_model(path, target, num_cores, seed)
-            elif kind == "database":
+            if saved and model is None:
+                model = load_latency_model(saved, target, num_cores, seed)
+            elif database and not saved:
                 candidate = model or create_latency_model(num_cores, seed)
-                warm_start_from_databases(candidate, [path], target, num_cores)
+                warm_start_from_databases(candidate, [database], target, num_cores)
                 model = candidate
-            elif kind is None:
+            elif not saved and not database:
                 raise CostModelRefused(f"{source} holds no saved latency model ({COST_MODEL_DIR}/meta.json) "
                                        "and no tuning database")
         except CostModelRefused as err:
@@ -122,14 +142,16 @@ def start_latency_model(sources: Sequence[str], target: Any, num_cores: int, see
     return model or create_latency_model(num_cores, seed)
 
 
-def _resolve(path: Path) -> tuple[str | None, Path]:
-    """What a warm-start path holds: a saved model, a tuning database, or neither (kind None)."""
-    for kind, candidate, marker in (("model", path, "meta.json"),
-                                    ("model", path / COST_MODEL_DIR, "meta.json"),
-                                    ("model", path / "tuning" / COST_MODEL_DIR, "meta.json"),
-                                    ("database", path, "database_tuning_record.json"),
-                                    ("database", path / "database", "database_tuning_record.json"),
-                                    ("database", path / "tuning", "database_tuning_record.json")):
-        if (candidate / marker).exists():
-            return kind, candidate
-    return None, path
+def _find(path: Path) -> tuple[Path | None, Path | None]:
+    """The saved latency model and the tuning database a warm-start path holds (None where it holds none).
+
+    A model folder holds only the model; a database folder, a run folder (``tuning/`` or
+    ``--out``) or an artifact holds the database, and the model trained on it if one was saved.
+    """
+    if (path / "meta.json").exists():
+        return path, None
+    model = next((p for p in (path / COST_MODEL_DIR, path / "tuning" / COST_MODEL_DIR) if (p / "meta.json").exists()),
+                 None)
+    database = next((p for p in (path, path / "database", path / "tuning")
+                     if (p / "database_tuning_record.json").exists()), None)
+    return model, database

@@ -8,6 +8,9 @@ as building and timing the round. So a task's rounds go:
 - ``sampled``: its first round, random draws from the design space (where the search starts anyway);
   a model that starts warm (trained by an earlier job) picks the round's draws from a pool four
   times its size, so a second job's first measurements are not random guesses;
+- ``seeded``: a first round that leads with the best schedules an earlier job's database holds for
+  the same workload (up to half the round, re-measured here), the rest drawn as above: a job
+  warm-started from an earlier run starts where that run ended, and evolves from there;
 - ``evolved``: while the model is not trusted, mutants of the task's best measured schedules
   (measured latency is the fitness), from a pool four times what the round needs, ordered by the
   model's score once it is trained (at random before), plus a share of fresh random draws so the
@@ -30,6 +33,7 @@ PARENTS = 8  # best measured schedules of the task that evolved rounds mutate
 POOL_FACTOR = 4  # mutants drawn per mutant measured, for the model to choose from
 EXPLORE_SHARE = 0.25  # of an evolved round: fresh random draws
 DRAW_TRIES = 8  # tries per wanted candidate before a round is left short (a small design space runs dry)
+DIRECTED = ("evolved", "guided")  # proposals that follow from this job's measurements (preemption counts them)
 
 Scorer = Callable[[list[Any]], list[float]]
 
@@ -37,16 +41,21 @@ Scorer = Callable[[list[Any]], list[float]]
 @dataclass
 class Proposal:
     candidates: list[Any]  # MeasureCandidates
-    kind: str  # "sampled", "evolved" or "guided"
+    kind: str  # "sampled", "seeded", "evolved" or "guided"
 
 
 class TaskSearch:
-    """One task's proposals. ``ctx`` is its TuneContext, already ``pre_tuning``'d with an evolutionary search."""
+    """One task's proposals. ``ctx`` is its TuneContext, already ``pre_tuning``'d with an evolutionary search.
 
-    def __init__(self, ctx: Any, design_spaces: Sequence[Any], seed: int) -> None:
+    ``seeds``: traces of the best schedules earlier jobs found for this workload, best first; the
+    first round leads with them.
+    """
+
+    def __init__(self, ctx: Any, design_spaces: Sequence[Any], seed: int, seeds: Sequence[Any] = ()) -> None:
         from tvm.s_tir import Trace
 
         self.ctx = ctx
+        self._seeds = list(seeds)
         self._spaces = [Trace(s.trace.simplified(remove_postproc=True).insts, {}) for s in design_spaces]
         mutators = list(ctx.space_generator.mutator_probs.items())  # Mutator -> FloatImm
         self._mutators = [m for m, _ in mutators]
@@ -69,9 +78,11 @@ class TaskSearch:
             if fresh:
                 return Proposal(fresh[:n], "guided")
         if not parents:
-            if scorer is None:
-                return Proposal(self._draw(n, seen, self._sample), "sampled")
-            return Proposal(self._favourites(n, seen, self._sample, scorer), "sampled")
+            replays = self._draw(min(len(self._seeds), max(1, n // 2)), seen, self._replay)
+            taken = seen | {_hash(c) for c in replays}
+            draws = (self._draw(n - len(replays), taken, self._sample) if scorer is None
+                     else self._favourites(n - len(replays), taken, self._sample, scorer))
+            return Proposal(replays + draws, "seeded" if replays else "sampled")
         weights = np.array([parents[0][1] / latency for _, latency in parents])
         traces = [trace for trace, _ in parents]
         return Proposal(self._favourites(
@@ -103,6 +114,10 @@ class TaskSearch:
                 taken.add(h)
                 out.append(candidate)
         return out
+
+    def _replay(self) -> Any | None:
+        """The next earlier job's schedule (its decisions kept), or None once they have all been tried."""
+        return self._realize(self._seeds.pop(0)) if self._seeds else None
 
     def _sample(self) -> Any | None:
         return self._realize(self._spaces[self._rng.integers(len(self._spaces))])

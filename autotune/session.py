@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from autotune.budget import round_size_for, share_out
-from autotune.search import PARENTS, Proposal, TaskSearch, trusts_model
+from autotune.search import DIRECTED, PARENTS, Proposal, TaskSearch, trusts_model
 from autotune.tasks import Task
 from cost_models.candidate_filter import CandidateFilter, MeasureAll, Selection
 from cost_models.energy import EnergyLedger
@@ -58,6 +58,10 @@ class TaskState:
     wall_s: float = 0.0
     finished: bool = False
     stopped: str = ""  # why the task ended before its budget ("" if it did not)
+    planned: int = field(init=False)  # the budget it started with (``budget`` grows with trials handed over)
+
+    def __post_init__(self) -> None:
+        self.planned = self.budget
 
     @property
     def proposed(self) -> int:
@@ -130,6 +134,7 @@ class TuningSession:
     candidate_filter: CandidateFilter = field(default_factory=MeasureAll)
     preemption: Preemption = field(default_factory=NeverPreempt)
     energy: EnergyLedger = field(default_factory=EnergyLedger)
+    warm_databases: Sequence[Any] = ()  # earlier jobs' databases (read): their best schedules seed each task
     ranking: dict[str, Any] = field(default_factory=dict, init=False)
     engine_report: dict[str, Any] = field(default_factory=dict, init=False)
     bill: dict[str, Any] = field(default_factory=dict, init=False)
@@ -139,8 +144,9 @@ class TuningSession:
     wasted: dict[str, Any] = field(default_factory=lambda: {"measurements": 0, "of": 0, "cpu_s": 0.0, "device_s": 0.0},
                                    init=False)
     _known: dict[str, dict[int, Measurement]] = field(default_factory=dict, init=False)
-    _rounds_by_kind: dict[str, int] = field(default_factory=lambda: {"sampled": 0, "evolved": 0, "guided": 0},
-                                            init=False)
+    _rounds_by_kind: dict[str, int] = field(
+        default_factory=lambda: {"sampled": 0, "seeded": 0, "evolved": 0, "guided": 0}, init=False)
+    _seeded: dict[str, int] = field(default_factory=dict, init=False)  # task -> earlier schedules it started from
 
     def run(self) -> Any:
         """Tune until every task has used its budget, its search ends, or time runs out; then rank.
@@ -193,6 +199,7 @@ class TuningSession:
                            "tasks_stopped": {s.task.name: s.stopped for s in self.states if s.stopped}},
             "latency_model": self.quality.report(),
             "search_rounds": dict(self._rounds_by_kind),
+            "seeded_from_earlier_jobs": dict(self._seeded),
         }
 
     @contextmanager
@@ -209,6 +216,7 @@ class TuningSession:
         return self.time_limit_s is not None and time.monotonic() - started >= self.time_limit_s
 
     def _start_task(self, state: TaskState, database: Any) -> TaskSearch:
+        """The task's search, seeded with the best schedules earlier jobs' databases hold for its workload."""
         from tvm.s_tir.meta_schedule import TuneContext
 
         state.round_size = self.round_size or round_size_for(state.budget)
@@ -231,7 +239,10 @@ class TuningSession:
             database=database,
             cost_model=self.cost_model,
         )
-        return TaskSearch(ctx, spaces, self.seed + self.states.index(state))
+        seeds = _earlier_best(self.warm_databases, state.task.mod, self.target) if state.trials == 0 else []
+        if seeds:
+            self._seeded[state.task.name] = len(seeds)
+        return TaskSearch(ctx, spaces, self.seed + self.states.index(state), seeds)
 
     def _round(self, searches: dict[str, TaskSearch], database: Any, log: Any, started: float) -> None:
         """Ask every live task for candidates, filter them, measure the new ones in one engine call, report back."""
@@ -257,8 +268,8 @@ class TuningSession:
             self.candidate_filter.observe(plan.proposal_scores, plan.selection,
                                           dict(zip(plan.selection.measure, improved)), plan.trained,
                                           dict(zip(plan.selection.measure, latencies)), state.task.name)
-            rounds.append(TaskRound(state.task.name, best_before, state.best_s, state.proposed, plan.kind != "sampled",
-                                    state.task.weight, state.budget))
+            rounds.append(TaskRound(state.task.name, best_before, state.best_s, state.proposed, plan.kind in DIRECTED,
+                                    state.task.weight, state.planned))
             if state.remaining == 0:
                 self._finish(state, searches)
         decision = self.preemption.after_round(rounds, self.model_latency_s())
@@ -450,6 +461,20 @@ def next_to_retime(values: dict[int, float], retimed: set[int], k: int) -> list[
     if not order or order[0] in retimed:
         return []
     return [i for i in order if i not in retimed][:k]
+
+
+def _earlier_best(databases: Sequence[Any], mod: Any, target: Any) -> list[Any]:
+    """Traces of the best schedules ``databases`` hold for workload ``mod`` on ``target``, best first.
+
+    A database only answers for workloads it has (nothing is committed to it): another model's
+    tasks that share a workload with this one seed it, the rest start from draws.
+    """
+    from cost_models.latency_model import target_key
+
+    found = [r for db in databases if db.has_workload(mod) for r in db.get_top_k(db.commit_workload(mod), PARENTS)
+             if r.target is not None and target_key(r.target) == target_key(target)]
+    found.sort(key=lambda r: _mean(r.run_secs))
+    return [r.trace for r in found[:PARENTS] if _mean(r.run_secs) < math.inf]
 
 
 def _mean(secs: Any) -> float:

@@ -4,8 +4,9 @@ Kernels: each named database's best record (or, with ``@INDEX``, its INDEX-th re
 commit order) is rebuilt as tuning builds it (weight-layout rewrite
 blocks removed, as MetaSchedule measures); models: the model is compiled with each
 arm's database. Then the arms are timed in turns (10 turns, each 3 repeats of at
-least 100 ms), so that the host's slow drifts hit every arm alike; the median per
-arm is printed as JSON.
+least 100 ms), so that the host's slow drifts hit every arm alike. Printed as JSON: each arm's
+median and its samples turn by turn, from which ``ratio_interval`` bootstraps how far the ratio
+of two arms' medians can be trusted (turns resampled in pairs, as they were timed).
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ def _timer(workload: str, spec: str, target: Any, dev: Any) -> Any:
     return lambda: f(*args).results
 
 
-def remeasure(workload: str, arms: dict[str, str], target_name: str = "cpu") -> dict[str, float | None]:
+def remeasure(workload: str, arms: dict[str, str], target_name: str = "cpu") -> dict[str, dict[str, Any]]:
+    """{"median": {arm: seconds or None}, "turns": {arm: [[seconds of each repeat] per turn]}}."""
     from autotune.target import resolve_target
     from measure.tvm_import import import_meta_schedule
 
@@ -66,12 +68,29 @@ def remeasure(workload: str, arms: dict[str, str], target_name: str = "cpu") -> 
     import_meta_schedule()
     target, dev = spec.tvm_target(), spec.device()
     timers = {arm: _timer(workload, path, target, dev) for arm, path in arms.items()}
-    samples: dict[str, list[float]] = {arm: [] for arm in arms}
+    turns: dict[str, list[list[float]]] = {arm: [] for arm in arms}
     for _ in range(TURNS):
         for arm, timer in timers.items():
             if timer is not None:
-                samples[arm] += list(timer())
-    return {arm: float(np.median(s)) if s else None for arm, s in samples.items()}
+                turns[arm].append([float(t) for t in timer()])
+    return {"median": {arm: float(np.median(t)) if t else None for arm, t in turns.items()}, "turns": turns}
+
+
+def ratio_interval(turns: list[list[float]], base: list[list[float]], level: float = 0.95,
+                   resamples: int = 2000) -> tuple[float, float]:
+    """Bootstrap interval of median(turns) / median(base), resampling turn indices in pairs.
+
+    A turn of one arm and the same turn of the other were timed back to back, so they share the host's
+    state; resampling them together keeps that pairing, and the interval is the timing noise left in the
+    ratio (not the search's luck, which only other runs show).
+    """
+    if len(turns) != len(base) or not turns:
+        raise ValueError(f"need the same number of turns for both arms; got {len(turns)} and {len(base)}")
+    a, b = np.asarray(turns), np.asarray(base)
+    picks = np.random.default_rng(0).integers(0, len(a), size=(resamples, len(a)))
+    ratios = np.median(a[picks].reshape(resamples, -1), axis=1) / np.median(b[picks].reshape(resamples, -1), axis=1)
+    lo, hi = np.quantile(ratios, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autotune.search import DIRECTED
 from cost_models.preemption import PlateauPreemption, TaskRound
 
 
@@ -62,7 +63,7 @@ def replay(log: list[dict[str, Any]], weights: dict[str, int], round_size: int, 
             best[task] = min([before, *(m["latency_s"] for m in chunk if m["latency_s"] is not None)])
             proposed[task] += len(chunk)
             kept += len(chunk)
-            rounds.append(TaskRound(task, before, best[task], proposed[task], chunk[0]["proposed_by"] != "sampled",
+            rounds.append(TaskRound(task, before, best[task], proposed[task], chunk[0]["proposed_by"] in DIRECTED,
                                     weights[task], budget[task]))
         if not rounds:
             break

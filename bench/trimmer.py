@@ -8,9 +8,10 @@ Arms, each in its own process, one after another on the same machine, same budge
            nothing here, see tuning.md), its runner timed for device-seconds
   engine   our session and parallel engine alone (no filter, no preemption)
   trimmer  the same with the candidate filter and preemption at their defaults
-For zoo:resnet18 a fourth arm, trimmer_warm, is the trimmer arm again with its latency model
-started from the first trimmer run's saved model. Final latencies (the kernel's best, or the
-compiled model) are re-measured side by side in turns. Results merge into
+For zoo:resnet18 two more arms run the trimmer arm again warm-started from the first trimmer
+run: trimmer_warm from its saved latency model alone, trimmer_warm_run from its run folder (the
+saved model, and its database's best schedules leading each task's first round). Final
+latencies (the kernel's best, or the compiled model) are re-measured side by side in turns. Results merge into
 results/bench/trimmer.{json,md} by workload, so workloads can be run separately (a first run at
 another budget keeps the runs it replaces, listed as earlier, and so does a run under
 another preemption rule); a run on
@@ -33,6 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.remeasure import ratio_interval
 from bench.tuning import _run_json
 from bench.workloads import WORKLOADS
 from containers.atomic import write_atomically
@@ -47,7 +49,10 @@ OUT_DIR = Path("results/bench")
 BUDGETS = {"matmul512": (320, 16), "conv3x3_resnet18": (320, 16), "mlp": (384, 16), "resnet18": (2880, 8),
            "bert_layer": (2304, 8)}
 WARM_WORKLOAD = "resnet18"
-ARMS = ("stock", "engine", "trimmer", "trimmer_warm")
+ARMS = ("stock", "engine", "trimmer", "trimmer_warm", "trimmer_warm_run")
+WARM_ARMS = {"trimmer_warm": ("warm_start", "the first trimmer run's saved latency model"),
+             "trimmer_warm_run": ("warm_start_run", "the first trimmer run's folder: its saved model, and its "
+                                  "database's best schedules leading each task's first round")}  # result key, from
 ARM_RESULT = "arm.json"  # an arm's command and result, in its work folder (what --resume keeps)
 TARGETS = {"device_s_saving": 0.40, "energy_saving": 0.40, "latency_ratio": 1.02, "drop_rate": 0.05}
 
@@ -65,9 +70,11 @@ def bench_workload(name: str, work_root: Path, target: str = "cpu", chosen: Sequ
     plan = [("stock", ["warm_stock"]), ("engine", ["autotune", "--policies", "off"]),
             ("trimmer", ["autotune", "--policies", "trimmer"]),
             ("trimmer_warm", ["autotune", "--policies", "trimmer", "--warm-start",
-                              str(work_root / name / "trimmer" / "cost_model")])]
+                              str(work_root / name / "trimmer" / "cost_model")]),
+            ("trimmer_warm_run", ["autotune", "--policies", "trimmer", "--warm-start",
+                                  str(work_root / name / "trimmer")])]
     for arm, args in plan:
-        if arm not in chosen or (arm == "trimmer_warm" and name != WARM_WORKLOAD):
+        if arm not in chosen or (arm in WARM_ARMS and name != WARM_WORKLOAD):
             continue
         work_dir = work_root / name / arm
         command = ["bench.arms", args[0], name, str(trials), str(work_dir), *args[1:], "--round-size",
@@ -92,11 +99,15 @@ def bench_workload(name: str, work_root: Path, target: str = "cpu", chosen: Sequ
     print(f"[{name}] re-measuring final latencies side by side ...", file=sys.stderr, flush=True)
     isolated, failure = _run_json(["bench.remeasure", "--target", target, name,
                                    *(f"{a}={d}" for a, d in dirs.items())], None)
-    rows = {arm: _row(r, (isolated or {}).get(arm)) for arm, r in arms.items()}
+    isolated = isolated or {"median": {}, "turns": {}}
+    rows = {arm: _row(r, isolated["median"].get(arm)) for arm, r in arms.items()}
+    turns = [isolated["turns"].get(arm) for arm in ("trimmer", "engine")]
     result = {"description": WORKLOADS[name].description, "trials": trials, "round_size": round_size, "seed": seed,
-              "arms": rows, "trimmer_vs_engine": _compare(rows["engine"], rows["trimmer"])}
-    if "trimmer_warm" in arms:
-        result["warm_start"] = _warm(arms["trimmer"], arms["trimmer_warm"])
+              "arms": rows, "trimmer_vs_engine": _compare(rows["engine"], rows["trimmer"],
+                                                          ratio_interval(*turns) if all(turns) else None)}
+    for arm, (key, _) in WARM_ARMS.items():
+        if arm in arms:
+            result[key] = _warm(arms["trimmer"], arms[arm])
     if failure:
         result["remeasure_failure"] = failure
     return result
@@ -153,7 +164,9 @@ def _row(arm: dict[str, Any], final_s: float | None) -> dict[str, Any]:
     return row
 
 
-def _compare(engine: dict[str, Any], trimmer: dict[str, Any]) -> dict[str, Any]:
+def _compare(engine: dict[str, Any], trimmer: dict[str, Any],
+             interval: tuple[float, float] | None = None) -> dict[str, Any]:
+    """Trimmer against engine; ``interval``: the latency ratio's 95% bootstrap interval from the re-timing turns."""
     if "failure" in engine or "failure" in trimmer:
         return {"note": "an arm failed"}
     saving = lambda k: round(1 - trimmer[k] / engine[k], 3) if engine[k] else None  # noqa: E731
@@ -161,7 +174,9 @@ def _compare(engine: dict[str, Any], trimmer: dict[str, Any]) -> dict[str, Any]:
                if trimmer["final_latency_s"] and engine["final_latency_s"] else None)
     out = {"device_s_saving": saving("device_s_measuring"), "energy_saving": saving("energy_j"),
            "wall_saving": saving("wall_s"), "measured_saving": saving("measured"),
-           "latency_ratio": round(latency, 4) if latency else None, "drop_rate": trimmer.get("drop_rate"),
+           "latency_ratio": round(latency, 4) if latency else None,
+           "latency_ratio_interval": [round(x, 4) for x in interval] if interval else None,
+           "drop_rate": trimmer.get("drop_rate"),
            "final_best_drop_rate": trimmer.get("final_best_drop_rate")}
     # the target is on what a drop can cost: a sampled candidate that ended as its task's fastest (runs before
     # that rate was recorded are held to the stricter "beat the best at the time")
@@ -226,10 +241,39 @@ def _spread_table(report: dict[str, Any]) -> list[str]:
     return lines if groups else []
 
 
+def _us(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e6:.1f}"
+
+
+def _warm_table(result: dict[str, Any]) -> list[str]:
+    """Seconds until each warm run came within each margin of the first trimmer run's final estimate."""
+    warm = {arm: result[key] for arm, (key, _) in WARM_ARMS.items()
+            if "goal_model_latency_s" in result.get(key, {})}
+    if not warm:
+        return []
+    secs = lambda v: "never" if v is None else f"{v:.0f}"  # noqa: E731
+    sooner = lambda first, run: f"{first / run:.2f}x" if first and run else "-"  # noqa: E731
+    goal = next(iter(warm.values()))["goal_model_latency_s"]
+    lines = ["", f"Warm start ({WARM_WORKLOAD}): seconds until each run's estimated model latency first came within a "
+             f"margin of the first trimmer run's final ({_us(goal)} us), and how much sooner than the first run. "
+             + " ".join(f"{arm} started from {WARM_ARMS[arm][1]}; its own final estimate "
+                        f"{_us(w['warm_final_model_latency_s'])} us." for arm, w in warm.items()), "",
+             "| within | first run (s) | " + " | ".join(f"{arm} (s) | sooner" for arm in warm) + " |",
+             "| ---: | ---: | " + " | ".join("---: | ---:" for _ in warm) + " |"]
+    first = next(iter(warm.values()))
+    for i, m in enumerate(first.get("milestones", [{"within": 0.0, "first_run_s": first["first_run_reached_s"]}])):
+        cells = []
+        for w in warm.values():
+            run_s = w["milestones"][i]["warm_run_s"] if "milestones" in w else w["warm_run_reached_s"]
+            cells.append(f"{secs(run_s)} | {sooner(m['first_run_s'], run_s)}")
+        lines.append(f"| {m['within']:.0%} | {secs(m['first_run_s'])} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def write_tables(report: dict[str, Any], stem: str = "trimmer") -> None:
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     (OUT_DIR / f"{stem}.json").write_text(json.dumps(report, indent=2))
-    us = lambda v: "-" if v is None else f"{v * 1e6:.1f}"  # noqa: E731
+    us = _us
     pct = lambda v: "-" if v is None else f"{v:.0%}"  # noqa: E731
     kj = lambda v: "-" if v is None else f"{v / 1000:.2f}"  # noqa: E731
     gpu = report.get("target", "cpu") == "cuda"
@@ -253,7 +297,8 @@ def write_tables(report: dict[str, Any], stem: str = "trimmer") -> None:
                          + (f"{kj(r.get('gpu_energy_j'))} | " if gpu else "")
                          + f"{pct(r['wasted_share'])} | {pct(r.get('drop_rate'))} / {pct(r.get('final_best_drop_rate'))} |")
     lines += ["", "| workload | trials (round) | device-s saved | energy saved | wall saved | latency trimmer / engine "
-              "| preemption counted in | targets met |", "| --- | --- | ---: | ---: | ---: | ---: | --- | --- |"]
+              "(95% re-timing interval) | preemption counted in | targets met |",
+              "| --- | --- | ---: | ---: | ---: | ---: | --- | --- |"]
     for name, w in runs:
         c = w["trimmer_vs_engine"]
         if "targets_met" not in c:
@@ -261,21 +306,12 @@ def write_tables(report: dict[str, Any], stem: str = "trimmer") -> None:
         met = ", ".join(k for k, v in c["targets_met"].items() if v) or "none"
         lines.append(f"| {name} | {w['trials']} ({w['round_size']}) | {pct(c['device_s_saving'])} | "
                      f"{pct(c['energy_saving'])} | {pct(c['wall_saving'])} | "
-                     f"{'-' if c['latency_ratio'] is None else format(c['latency_ratio'], '.3f')} | "
+                     f"{'-' if c['latency_ratio'] is None else format(c['latency_ratio'], '.3f')}"
+                     + ("" if not c.get("latency_ratio_interval") else " ({:.3f}-{:.3f})".format(
+                         *c["latency_ratio_interval"])) + " | "
                      f"{'rounds' if _setup(w)[1] == ROUNDS_RULE else 'proposals'} | {met} |")
     lines += _spread_table(report)
-    warm = report["workloads"].get(WARM_WORKLOAD, {}).get("warm_start")
-    if warm and "goal_model_latency_s" in warm:
-        secs = lambda v: "never" if v is None else f"{v:.0f}"  # noqa: E731
-        lines += ["", f"Warm start ({WARM_WORKLOAD}): seconds until each run's estimated model latency first came "
-                  f"within a margin of the first trimmer run's final ({us(warm['goal_model_latency_s'])} us); the warm "
-                  "run's latency model started from the first run's. Its own final estimate: "
-                  f"{us(warm['warm_final_model_latency_s'])} us.", "",
-                  "| within | first run (s) | warm run (s) | sooner |", "| ---: | ---: | ---: | ---: |"]
-        for m in warm.get("milestones", [{"within": 0.0, "first_run_s": warm["first_run_reached_s"],
-                                          "warm_run_s": warm["warm_run_reached_s"]}]):
-            ratio = f"{m['first_run_s'] / m['warm_run_s']:.2f}x" if m["first_run_s"] and m["warm_run_s"] else "-"
-            lines.append(f"| {m['within']:.0%} | {secs(m['first_run_s'])} | {secs(m['warm_run_s'])} | {ratio} |")
+    lines += _warm_table(report["workloads"].get(WARM_WORKLOAD, {}))
     energy = ("Energy: the GPU's own counter (NVML total energy, measured) plus the CPUs' share, estimated "
               "(no RAPL counter readable) as CPU-seconds of every process of the arm x 7.5 W per busy core. "
               if gpu else "Energy is estimated (this VM exposes no RAPL counter): CPU-seconds of every process of "
@@ -285,7 +321,9 @@ def write_tables(report: dict[str, Any], stem: str = "trimmer") -> None:
               "and measured all the same (its random exploration sample; every proposal of the rounds it did not "
               "filter), the share that beat their task's best at the time, and the share that ended as their "
               "task's fastest of the job (what a drop can cost; the target's rate, '-' in runs before it was "
-              "recorded, which are held to the first). "
+              "recorded, which are held to the first). Re-timing interval: the latency ratio's 95% bootstrap "
+              "interval over the re-timing turns, resampled in pairs (the timing noise in one run's ratio; runs "
+              "before it was recorded show none; the search's luck shows only across runs). "
               f"Targets (trimmer vs engine): device-s and energy saved >= {TARGETS['device_s_saving']:.0%}, "
               f"latency ratio <= {TARGETS['latency_ratio']}, drop rate < {TARGETS['drop_rate']:.0%}."]
     if report.get("notes"):

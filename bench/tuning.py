@@ -77,7 +77,7 @@ def bench_workload(name: str, trials: int, stock_cap_s: float, work_root: Path,
     improving = _improving_points(work_root / name / "autotune", ours.get("curve", [])) if kind == "kernel" else []
     to_time.update({f"autotune@{i}": f"{work_root / name / 'autotune'}@{i}" for _, i in improving})
     isolated, _ = _run_json(["bench.remeasure", name, *(f"{k}={v}" for k, v in to_time.items())], None)
-    isolated = isolated or {}
+    isolated = (isolated or {}).get("median", {})
     for arm in ARMS:
         arms[arm]["best_isolated_s"] = isolated.get(arm)
     if improving:  # our best-so-far over time, each point re-timed side by side with the stock arms' bests

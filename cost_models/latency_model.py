@@ -172,6 +172,28 @@ def _restore(model: Any, arrays: dict[str, np.ndarray]) -> None:
     inner.data_size = inner.last_train_size = len(rows)
 
 
+def open_database(folder: str | Path) -> Any:
+    """An earlier job's tuning database, read (and not written: only ``commit_workload`` of a workload it
+    has may be asked of it).
+
+    Raises:
+        CostModelRefused: the folder holds no tuning database, or it is damaged.
+    """
+    from tvm.s_tir.meta_schedule.database import JSONDatabase
+
+    folder = Path(folder)
+    records_file, workloads_file = folder / "database_tuning_record.json", folder / "database_workload.json"
+    if not (records_file.is_file() and workloads_file.is_file()):
+        raise CostModelRefused(f"{folder} holds no tuning database (database_tuning_record.json and "
+                               "database_workload.json)")
+    try:
+        db = JSONDatabase(path_workload=str(workloads_file), path_tuning_record=str(records_file))
+        db.get_all_tuning_records()
+    except Exception as err:  # noqa: BLE001  TVM raises its own errors for a damaged file
+        raise CostModelRefused(f"{folder}: tuning database is corrupt ({str(err).splitlines()[0]})") from None
+    return db
+
+
 def warm_start_from_databases(model: Any, database_dirs: Sequence[str | Path], target: Any, num_threads: int) -> int:
     """Train ``model`` on the measured records of earlier tuning databases for the same target.
 
@@ -183,22 +205,12 @@ def warm_start_from_databases(model: Any, database_dirs: Sequence[str | Path], t
     import tvm_ffi
     from tvm.s_tir import Schedule
     from tvm.s_tir.meta_schedule import TuneContext
-    from tvm.s_tir.meta_schedule.database import JSONDatabase
     from tvm.s_tir.meta_schedule.runner import RunnerResult
     from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate
 
     learned = 0
     for folder in database_dirs:
-        folder = Path(folder)
-        records_file, workloads_file = folder / "database_tuning_record.json", folder / "database_workload.json"
-        if not (records_file.is_file() and workloads_file.is_file()):
-            raise CostModelRefused(f"{folder} holds no tuning database (database_tuning_record.json and "
-                                   "database_workload.json)")
-        try:
-            db = JSONDatabase(path_workload=str(workloads_file), path_tuning_record=str(records_file))
-            records = db.get_all_tuning_records()
-        except Exception as err:  # noqa: BLE001  TVM raises its own errors for a damaged file
-            raise CostModelRefused(f"{folder}: tuning database is corrupt ({str(err).splitlines()[0]})") from None
+        records = open_database(folder).get_all_tuning_records()
         by_workload: dict[int, list[Any]] = {}
         for r in records:
             if r.run_secs and r.target is not None and target_key(r.target) == target_key(target):

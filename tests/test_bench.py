@@ -1,4 +1,4 @@
-"""Benchmark helpers: the preemption replay, and arms kept for a resumed Trimmer benchmark."""
+"""Benchmark helpers: the preemption replay, arms kept for a resumed Trimmer benchmark, the re-timing interval."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from bench.remeasure import ratio_interval
 from bench.replay_preemption import replay
 from bench.trimmer import ARM_RESULT, _saved_arm, _spread_table
 from autotune.policies import PolicySettings
@@ -63,3 +64,18 @@ def test_the_pooled_table_spans_the_runs_under_one_rule_and_their_seeds():
     # the run under another rule is pooled apart; the median of three ratios is the middle one
     assert rows == ["| matmul512 | 3 (0, 2) | 1.010 (0.980-1.040) | 50% | 50% | 1 of 3 |",
                     "| matmul512 (320 trials, another rule) | 1 (1) | 0.900 (0.900-0.900) | 90% | 90% | 1 of 1 |"]
+
+
+def test_the_re_timing_interval_follows_the_paired_turns_not_the_drift_between_them():
+    # the host drifts 2x between turns; within each turn b is 10% slower than a
+    drift = [1.0, 2.0, 1.2, 1.8, 1.0, 1.5, 2.0, 1.1, 1.3, 1.6]
+    a = [[d, d * 1.01, d * 0.99] for d in drift]
+    b = [[1.1 * x for x in turn] for turn in a]
+    lo, hi = ratio_interval(b, a)
+    assert lo <= 1.1 <= hi and hi - lo < 0.3  # 10% slower, and the interval does not reach 1
+    assert lo > 1.0
+    # the same timings in a new order each (no pairing left): noisy turns give a wide interval that holds 1
+    lo, hi = ratio_interval(b, a[::-1])
+    assert lo < 1.0 < hi
+    with pytest.raises(ValueError, match="same number of turns"):
+        ratio_interval(b, a[:5])

@@ -151,7 +151,7 @@ def test_the_patience_grows_to_its_share_of_a_large_budget():
         p.after_round([TaskRound("a", math.inf, 1.0, 16, directed=False, budget=budget)], 1.0)
         assert next(n for n in range(32, budget, 16)
                     if p.after_round([TaskRound("a", 1.0, 1.0, n, budget=budget)], 1.0).stop_tasks) == stopped_at
-    assert "at least 25% of the budget" in p.rule
+    assert "at least 25% of the planned budget" in p.rule
 
 
 def test_the_job_window_grows_to_its_share_of_the_live_tasks_mean_budget():
@@ -295,6 +295,67 @@ def test_mismatched_or_corrupt_model_is_refused_and_tuning_starts_fresh(trained_
     assert len(said) == 1 and phrase in said[0] and "fresh latency model" in said[0]
 
 
+def _best_schedule_hash(database, mod) -> int:
+    """The structural hash of the best schedule ``database`` holds for workload ``mod``."""
+    import tvm_ffi
+    from tvm.s_tir import Schedule
+
+    (record,) = database.get_top_k(database.commit_workload(mod), 1)
+    sch = Schedule(mod)
+    record.trace.apply_to_schedule(sch, remove_postproc=False)
+    return tvm_ffi.structural_hash(sch.mod)
+
+
+def test_a_warm_start_from_an_earlier_run_measures_its_best_schedules_first(tuned_run, tmp_path):
+    """Started from an artifact, a job's first round of each task replays the earlier job's best (its model too)."""
+    import tvm_ffi
+    from tvm.s_tir import Schedule
+
+    from autotune.config import TuneConfig
+    from autotune.pipeline import prepare_model, run_tuning
+    from autotune.policies import build_policies
+    from autotune.progress import SilentProgress
+    from cost_models.latency_model import open_database, samples
+
+    config = TuneConfig(model="zoo:mlp", out_dir=tmp_path, trials=6, batch_sizes=(1,), round_size=2, trial_floor=2)
+    prepared = prepare_model(config, SilentProgress())
+    said = []
+    policies = build_policies(PolicySettings(warm_start=(str(tuned_run.artifact),), filter=False, preemption=False),
+                              prepared.target, 2, 0, [], said.append)
+    assert said == [] and samples(policies.latency_model) == tuned_run.manifest["tuning"]["trials"]
+    session, ranked = run_tuning(prepared.tasks, prepared.plan, prepared.target_spec, prepared.target,
+                                 tmp_path / "tuning", round_size=2, policies=policies)
+    earlier = open_database(tuned_run.artifact / "database")
+    assert session.policies_report()["seeded_from_earlier_jobs"] == {t.name: 2 for t in prepared.tasks}
+    log = [json.loads(line) for line in (tmp_path / "tuning" / "measurements.jsonl").read_text().splitlines()]
+    for task in prepared.tasks:
+        first = next(m for m in log if m["task"] == task.name)
+        assert first["proposed_by"] == "seeded"  # a round of two: the earlier best, then a fresh draw
+        measured = set()
+        for record in ranked.get_all_tuning_records():
+            if tvm_ffi.structural_equal(record.workload.mod, task.mod):
+                sch = Schedule(task.mod)
+                record.trace.apply_to_schedule(sch, remove_postproc=False)
+                measured.add(tvm_ffi.structural_hash(sch.mod))
+        assert _best_schedule_hash(earlier, task.mod) in measured
+    assert {m["proposed_by"] for m in log} <= {"seeded", "evolved", "guided"}  # no task started from draws alone
+
+
+def test_a_damaged_earlier_database_is_refused_and_the_job_starts_from_draws(tmp_path):
+    from autotune.policies import build_policies
+    from autotune.target import resolve_target
+    from cost_models.latency_model import samples
+
+    (tmp_path / "database_workload.json").write_text("{not json\n")
+    (tmp_path / "database_tuning_record.json").write_text("[1, 2\n")
+    said = []
+    policies = build_policies(PolicySettings(warm_start=(str(tmp_path),)), resolve_target("cpu").tvm_target(), 2, 0,
+                              [], said.append)
+    assert policies.warm_databases == () and samples(policies.latency_model) == 0
+    assert len(said) == 2 and all("tuning database is corrupt" in line for line in said)
+    assert said[0].startswith("warm start refused") and said[1].startswith("earlier schedules not used")
+
+
 def _edit_meta(folder: Path, **changes) -> None:
     meta = json.loads((folder / "meta.json").read_text())
     (folder / "meta.json").write_text(json.dumps({**meta, **changes}))
@@ -347,6 +408,9 @@ def test_filter_and_preemption_in_a_real_session(tmp_path):
     assert report["filter"]["final_best_sampled"] == sampled  # every sampled candidate was measured
     assert report["filter"]["final_best_hits"] <= len(session.states)  # a task has one fastest candidate
     assert any(s.stopped.startswith("no gain") for s in session.states)
+    # patience is counted on the budget each task was planned with; stopped tasks' trials went to the others
+    assert all(s.planned == prepared.plan.trials[s.task.name] for s in session.states)
+    assert sum(s.budget for s in session.states if s.stopped) < sum(s.planned for s in session.states if s.stopped)
     # each task starts from random draws and evolves from what it measured; its second round always
     # evolves (the model's rank correlation is only known once that round is measured)
     rounds = report["search_rounds"]

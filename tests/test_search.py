@@ -10,8 +10,8 @@ from autotune.search import EXPLORE_SHARE, GUIDE_TAU, POOL_FACTOR, TaskSearch, t
 
 
 @pytest.fixture(scope="module")
-def search():
-    """A 512x512 matmul's search on the host CPU, pre-tuned as the session does."""
+def task():
+    """A 512x512 matmul's tuning context on the host CPU, pre-tuned as the session does, and its design spaces."""
     from measure.kernels import kernel
     from measure.tvm_import import import_meta_schedule
 
@@ -24,8 +24,13 @@ def search():
     spaces = ctx.generate_design_space()
     ctx.pre_tuning(max_trials=64, num_trials_per_iter=8, design_spaces=spaces,
                    database=ms.database.MemoryDatabase(), cost_model=ms.cost_model.RandomModel())
-    yield TaskSearch(ctx, spaces, seed=0)
+    yield ctx, spaces
     ctx.post_tuning()
+
+
+@pytest.fixture(scope="module")
+def search(task):
+    return TaskSearch(*task, seed=0)
 
 
 def _hash(c) -> int:
@@ -95,3 +100,16 @@ def test_a_trusted_model_hands_the_round_to_metaschedules_search(search):
                                           (GUIDE_TAU, True), (0.9, True)])
 def test_the_model_is_trusted_from_its_rank_correlation_on_fresh_candidates(tau, trusted):
     assert trusts_model(tau) is trusted
+
+
+def test_a_seeded_first_round_leads_with_the_earlier_jobs_schedules_then_draws(task, search):
+    earlier = search.propose(3, [], set(), None, guided=False).candidates
+    seeded = TaskSearch(*task, seed=1, seeds=[c.sch.trace for c in earlier])
+    first = seeded.propose(4, [], set(), None, guided=False)
+    # at most half the round replays (decisions kept, so the same programs); the rest is fresh draws
+    assert first.kind == "seeded" and len(first.candidates) == 4
+    assert [_hash(c) for c in first.candidates[:2]] == [_hash(c) for c in earlier[:2]]
+    assert not {_hash(c) for c in first.candidates[2:]} & {_hash(c) for c in earlier}
+    # a seed measured already is not proposed again; once the seeds are used, first rounds are draws
+    again = seeded.propose(4, [], {_hash(earlier[2])}, None, guided=False)
+    assert again.kind == "sampled" and _hash(earlier[2]) not in {_hash(c) for c in again.candidates}
