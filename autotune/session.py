@@ -146,7 +146,7 @@ class TuningSession:
     _known: dict[str, dict[int, Measurement]] = field(default_factory=dict, init=False)
     _rounds_by_kind: dict[str, int] = field(
         default_factory=lambda: {"sampled": 0, "seeded": 0, "evolved": 0, "guided": 0}, init=False)
-    _seeded: dict[str, int] = field(default_factory=dict, init=False)  # task -> earlier schedules it started from
+    _seeded: dict[str, int] = field(default_factory=dict, init=False)  # task -> earlier schedules offered
 
     def run(self) -> Any:
         """Tune until every task has used its budget, its search ends, or time runs out; then rank.
