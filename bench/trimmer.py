@@ -253,14 +253,13 @@ def _warm_table(result: dict[str, Any]) -> list[str]:
         return []
     secs = lambda v: "never" if v is None else f"{v:.0f}"  # noqa: E731
     sooner = lambda first, run: f"{first / run:.2f}x" if first and run else "-"  # noqa: E731
-    goal = next(iter(warm.values()))["goal_model_latency_s"]
+    first = next(iter(warm.values()))
     lines = ["", f"Warm start ({WARM_WORKLOAD}): seconds until each run's estimated model latency first came within a "
-             f"margin of the first trimmer run's final ({_us(goal)} us), and how much sooner than the first run. "
+             f"margin of the first trimmer run's final ({_us(first['goal_model_latency_s'])} us), and how much sooner than the first run. "
              + " ".join(f"{arm} started from {WARM_ARMS[arm][1]}; its own final estimate "
                         f"{_us(w['warm_final_model_latency_s'])} us." for arm, w in warm.items()), "",
              "| within | first run (s) | " + " | ".join(f"{arm} (s) | sooner" for arm in warm) + " |",
              "| ---: | ---: | " + " | ".join("---: | ---:" for _ in warm) + " |"]
-    first = next(iter(warm.values()))
     for i, m in enumerate(first.get("milestones", [{"within": 0.0, "first_run_s": first["first_run_reached_s"]}])):
         cells = []
         for w in warm.values():
@@ -273,7 +272,6 @@ def _warm_table(result: dict[str, Any]) -> list[str]:
 def write_tables(report: dict[str, Any], stem: str = "trimmer") -> None:
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     (OUT_DIR / f"{stem}.json").write_text(json.dumps(report, indent=2))
-    us = _us
     pct = lambda v: "-" if v is None else f"{v:.0%}"  # noqa: E731
     kj = lambda v: "-" if v is None else f"{v / 1000:.2f}"  # noqa: E731
     gpu = report.get("target", "cpu") == "cuda"
@@ -292,7 +290,7 @@ def write_tables(report: dict[str, Any], stem: str = "trimmer") -> None:
             if "failure" in r:
                 lines.append(f"| {name} | {arm} | failed: {r['failure']} |||||||| ")
                 continue
-            lines.append(f"| {name} | {arm} | {us(r['final_latency_s'])} | {r['wall_s']:.0f} | {r['measured']} | "
+            lines.append(f"| {name} | {arm} | {_us(r['final_latency_s'])} | {r['wall_s']:.0f} | {r['measured']} | "
                          f"{r['screened']} | {r['device_s_measuring']:.1f} | {kj(r['energy_j'])} | "
                          + (f"{kj(r.get('gpu_energy_j'))} | " if gpu else "")
                          + f"{pct(r['wasted_share'])} | {pct(r.get('drop_rate'))} / {pct(r.get('final_best_drop_rate'))} |")

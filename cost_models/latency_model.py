@@ -186,12 +186,10 @@ def open_database(folder: str | Path) -> Any:
     if not (records_file.is_file() and workloads_file.is_file()):
         raise CostModelRefused(f"{folder} holds no tuning database (database_tuning_record.json and "
                                "database_workload.json)")
-    try:
-        db = JSONDatabase(path_workload=str(workloads_file), path_tuning_record=str(records_file))
-        db.get_all_tuning_records()
+    try:  # the database reads and parses both files here
+        return JSONDatabase(path_workload=str(workloads_file), path_tuning_record=str(records_file))
     except Exception as err:  # noqa: BLE001  TVM raises its own errors for a damaged file
         raise CostModelRefused(f"{folder}: tuning database is corrupt ({str(err).splitlines()[0]})") from None
-    return db
 
 
 def warm_start_from_databases(model: Any, database_dirs: Sequence[str | Path], target: Any, num_threads: int) -> int:
