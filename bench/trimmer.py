@@ -40,9 +40,9 @@ from bench.workloads import WORKLOADS
 from containers.atomic import write_atomically
 
 OUT_DIR = Path("results/bench")
-# (trials, round size): the kernels 1000 trials and the MLP 1152 (24 rounds of each of its three tasks), past
-# their plateau: at 320 and 384 the engine arms were still gaining, so there was little to trim and a patience of
-# a quarter of the budget was too short to tell a plateau from a gap between gains. BERT's 2304 trials
+# (trials, round size): the kernels 1000 trials and the MLP 1152 (24 rounds of each of its three tasks), long
+# enough to reach their plateau in most runs: at 320 and 384 the engine arms were still gaining, so there was
+# little to trim. BERT's 2304 trials
 # reach its plateau: 10 of its 18 tasks have no tunable space and take one trial, and the four large matmuls
 # got 193-728 trials each and made their last gain of more than 1% by their 114th-325th (engine arm, 48 min).
 # ResNet-18's 2880 trials reach its plateau the same way: 19 of its 27 tasks take 1-17 trials, and the eight
