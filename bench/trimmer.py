@@ -42,9 +42,9 @@ from containers.atomic import write_atomically
 OUT_DIR = Path("results/bench")
 # (trials, round size): the kernels 1000 trials and the MLP 1152 (24 rounds of each of its three tasks), long
 # enough to reach their plateau in most runs: at 320 and 384 the engine arms were still gaining, so there was
-# little to trim. BERT's 2304 trials
-# reach its plateau: 10 of its 18 tasks have no tunable space and take one trial, and the four large matmuls
-# got 193-728 trials each and made their last gain of more than 1% by their 114th-325th (engine arm, 48 min).
+# little to trim. BERT's 2304 trials reach its plateau: 10 of its 18 tasks have no tunable space and take one
+# trial, and the four large matmuls got 193-728 trials each and made their last gain of more than 1% by their
+# 114th-325th (engine arm, 48 min).
 # ResNet-18's 2880 trials reach its plateau the same way: 19 of its 27 tasks take 1-17 trials, and the eight
 # convolutions got 93-711 each, their last gains by their 41st-505th (engine arm 94 min, trimmer 46).
 BUDGETS = {"matmul512": (1000, 16), "conv3x3_resnet18": (1000, 16), "mlp": (1152, 16), "resnet18": (2880, 8),
