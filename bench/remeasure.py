@@ -60,7 +60,8 @@ def _timer(workload: str, spec: str, target: Any, dev: Any) -> Any:
 
 
 def remeasure(workload: str, arms: dict[str, str], target_name: str = "cpu") -> dict[str, dict[str, Any]]:
-    """{"median": {arm: seconds or None}, "turns": {arm: [[seconds of each repeat] per turn]}}."""
+    """{"median": {arm: seconds or None}, "fastest": {arm: its quietest repeat, the statistic tuning ranks by},
+    "turns": {arm: [[seconds of each repeat] per turn]}}."""
     from autotune.target import resolve_target
     from measure.tvm_import import import_meta_schedule
 
@@ -73,7 +74,8 @@ def remeasure(workload: str, arms: dict[str, str], target_name: str = "cpu") -> 
         for arm, timer in timers.items():
             if timer is not None:
                 turns[arm].append([float(t) for t in timer()])
-    return {"median": {arm: float(np.median(t)) if t else None for arm, t in turns.items()}, "turns": turns}
+    return {"median": {arm: float(np.median(t)) if t else None for arm, t in turns.items()},
+            "fastest": {arm: float(np.min(t)) if t else None for arm, t in turns.items()}, "turns": turns}
 
 
 def ratio_interval(turns: list[list[float]], base: list[list[float]], level: float = 0.95,
