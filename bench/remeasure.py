@@ -3,10 +3,16 @@
 Kernels: each named database's best record (or, with ``@INDEX``, its INDEX-th record in
 commit order) is rebuilt as tuning builds it (weight-layout rewrite
 blocks removed, as MetaSchedule measures); models: the model is compiled with each
-arm's database. Then the arms are timed in turns (10 turns, each 3 repeats of at
+arm's database. Then the arms are timed in turns (60 turns, each 3 repeats of at
 least 100 ms), so that the host's slow drifts hit every arm alike. Printed as JSON: each arm's
 median and its samples turn by turn, from which ``ratio_interval`` bootstraps how far the ratio
-of two arms' medians can be trusted (turns resampled in pairs, as they were timed).
+of two arms' medians can be trusted (blocks of turns resampled in pairs, as they were timed).
+
+Why 60 turns in blocks of 10: this host's states last tens of seconds and some schedules fare
+very differently in them. One convolution library, re-timed in eight passes of 10 turns back to
+back, had medians of 1429-2341 us (two modes), and its ratio to another arm went 0.80-1.46 pass
+to pass while each pass's own interval was a few percent wide. Ten turns span one state; sixty
+span several, and resampling whole blocks keeps the interval honest about how few states that is.
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ import numpy as np
 from bench.workloads import WORKLOADS, kernel, model_relax
 from measure.build import build_candidate
 
-TURNS = 10
+TURNS = 60
+BLOCK = 10  # consecutive turns that share a host state: the unit ``ratio_interval`` resamples
 
 
 def _timer(workload: str, spec: str, target: Any, dev: Any) -> Any:
@@ -79,17 +86,21 @@ def remeasure(workload: str, arms: dict[str, str], target_name: str = "cpu") -> 
 
 
 def ratio_interval(turns: list[list[float]], base: list[list[float]], level: float = 0.95,
-                   resamples: int = 2000) -> tuple[float, float]:
-    """Bootstrap interval of median(turns) / median(base), resampling turn indices in pairs.
+                   resamples: int = 2000, block: int = 1) -> tuple[float, float]:
+    """Bootstrap interval of median(turns) / median(base), resampling blocks of ``block`` consecutive turns
+    in pairs.
 
     A turn of one arm and the same turn of the other were timed back to back, so they share the host's
     state; resampling them together keeps that pairing, and the interval is the timing noise left in the
-    ratio (not the search's luck, which only other runs show).
+    ratio (not the search's luck, which only other runs show). Consecutive turns share the host's slower
+    states too: resampled as blocks, a state that lasted ten turns counts once, not ten times.
     """
     if len(turns) != len(base) or not turns:
         raise ValueError(f"need the same number of turns for both arms; got {len(turns)} and {len(base)}")
+    blocks = -(-len(turns) // block)
     a, b = np.asarray(turns), np.asarray(base)
-    picks = np.random.default_rng(0).integers(0, len(a), size=(resamples, len(a)))
+    starts = np.random.default_rng(0).integers(0, blocks, size=(resamples, blocks)) * block
+    picks = (starts[:, :, None] + np.arange(block)).reshape(resamples, -1) % len(a)
     ratios = np.median(a[picks].reshape(resamples, -1), axis=1) / np.median(b[picks].reshape(resamples, -1), axis=1)
     lo, hi = np.quantile(ratios, [(1 - level) / 2, (1 + level) / 2])
     return float(lo), float(hi)

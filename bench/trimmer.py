@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.remeasure import ratio_interval
+from bench.remeasure import BLOCK, TURNS, ratio_interval
 from bench.tuning import _run_json
 from bench.workloads import WORKLOADS
 from containers.atomic import write_atomically
@@ -104,8 +104,9 @@ def bench_workload(name: str, work_root: Path, target: str = "cpu", chosen: Sequ
     rows = {arm: _row(r, isolated["median"].get(arm), isolated["fastest"].get(arm)) for arm, r in arms.items()}
     turns = [isolated["turns"].get(arm) for arm in ("trimmer", "engine")]
     result = {"description": WORKLOADS[name].description, "trials": trials, "round_size": round_size, "seed": seed,
-              "arms": rows, "trimmer_vs_engine": _compare(rows["engine"], rows["trimmer"],
-                                                          ratio_interval(*turns) if all(turns) else None)}
+              "retiming_turns": TURNS, "arms": rows,
+              "trimmer_vs_engine": _compare(rows["engine"], rows["trimmer"],
+                                            ratio_interval(*turns, block=BLOCK) if all(turns) else None)}
     for arm, (key, _) in WARM_ARMS.items():
         if arm in arms:
             result[key] = _warm(arms["trimmer"], arms[arm])
@@ -309,8 +310,9 @@ def write_tables(report: dict[str, Any], stem: str = "trimmer") -> None:
         lines.append(f"| {name} | {w['trials']} ({w['round_size']}) | {pct(c['device_s_saving'])} | "
                      f"{pct(c['energy_saving'])} | {pct(c['wall_saving'])} | "
                      f"{'-' if c['latency_ratio'] is None else format(c['latency_ratio'], '.3f')}"
-                     + ("" if not c.get("latency_ratio_interval") else " ({:.3f}-{:.3f})".format(
-                         *c["latency_ratio_interval"])) + " | "
+                     + ("" if not c.get("latency_ratio_interval") else " ({:.3f}-{:.3f}{})".format(
+                         *c["latency_ratio_interval"], f", {w['retiming_turns']} turns" if "retiming_turns" in w else ""))
+                     + " | "
                      f"{'-' if c.get('latency_ratio_fastest') is None else format(c['latency_ratio_fastest'], '.3f')} | "
                      f"{'rounds' if _setup(w)[1] == ROUNDS_RULE else 'proposals'} | {met} |")
     lines += _spread_table(report)
@@ -326,7 +328,9 @@ def write_tables(report: dict[str, Any], stem: str = "trimmer") -> None:
               "task's fastest of the job (what a drop can cost; the target's rate, '-' in runs before it was "
               "recorded, which are held to the first). Re-timing interval: the latency ratio's 95% bootstrap "
               "interval over the re-timing turns, resampled in pairs (the timing noise in one run's ratio; runs "
-              "before it was recorded show none; the search's luck shows only across runs). The latency ratio is of "
+              "before it was recorded show none; the search's luck shows only across runs). Runs that name their "
+              f"turns were re-timed over that many, resampled in blocks of {BLOCK} consecutive turns (the host's "
+              "states last that long: see bench/remeasure.py); the others over 10 turns, resampled one by one. The latency ratio is of "
               "the arms' median re-timings (what a deployment sees); 'by the fastest re-timing' is of their quietest "
               "turns, the statistic tuning ranks candidates by ('-' in runs before it was recorded). "
               f"Targets (trimmer vs engine): device-s and energy saved >= {TARGETS['device_s_saving']:.0%}, "

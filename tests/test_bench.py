@@ -79,3 +79,13 @@ def test_the_re_timing_interval_follows_the_paired_turns_not_the_drift_between_t
     assert lo < 1.0 < hi
     with pytest.raises(ValueError, match="same number of turns"):
         ratio_interval(b, a[:5])
+
+
+def test_blocks_of_turns_that_shared_a_host_state_widen_the_interval_to_what_the_states_allow():
+    # six host states of ten turns each: in four of them b is 10% slower than a, in two as fast
+    a = [[1.0, 1.0, 1.0] for _ in range(60)]
+    b = [[1.1 if t // 10 < 4 else 1.0] * 3 for t in range(60)]
+    assert ratio_interval(b, a) == (1.1, 1.1)  # sixty turns taken as independent: sure it is 10% slower
+    lo, hi = ratio_interval(b, a, block=10)
+    assert lo < 1.1 == hi  # six states are too few to be sure
+    assert ratio_interval(b[:10], a[:10], block=10) == (1.1, 1.1)  # one state: one value
