@@ -311,8 +311,8 @@ def write_tables(report: dict[str, Any], stem: str = "trimmer") -> None:
                      f"{pct(c['energy_saving'])} | {pct(c['wall_saving'])} | "
                      f"{'-' if c['latency_ratio'] is None else format(c['latency_ratio'], '.3f')}"
                      + ("" if not c.get("latency_ratio_interval") else " ({:.3f}-{:.3f}{})".format(
-                         *c["latency_ratio_interval"], f", {w['retiming_turns']} turns" if "retiming_turns" in w else ""))
-                     + " | "
+                         *c["latency_ratio_interval"], f", {w['retiming_turns']} turns" if "retiming_turns" in w
+                         else "")) + " | "
                      f"{'-' if c.get('latency_ratio_fastest') is None else format(c['latency_ratio_fastest'], '.3f')} | "
                      f"{'rounds' if _setup(w)[1] == ROUNDS_RULE else 'proposals'} | {met} |")
     lines += _spread_table(report)
@@ -330,9 +330,9 @@ def write_tables(report: dict[str, Any], stem: str = "trimmer") -> None:
               "interval over the re-timing turns, resampled in pairs (the timing noise in one run's ratio; runs "
               "before it was recorded show none; the search's luck shows only across runs). Runs that name their "
               f"turns were re-timed over that many, resampled in blocks of {BLOCK} consecutive turns (the host's "
-              "states last that long: see bench/remeasure.py); the others over 10 turns, resampled one by one. The latency ratio is of "
-              "the arms' median re-timings (what a deployment sees); 'by the fastest re-timing' is of their quietest "
-              "turns, the statistic tuning ranks candidates by ('-' in runs before it was recorded). "
+              "states last that long: see bench/remeasure.py); the others over 10 turns, resampled one by one. "
+              "The latency ratio is of the arms' median re-timings (what a deployment sees); 'by the fastest "
+              "re-timing' is of their quietest turns, the statistic tuning ranks candidates by ('-' in runs before it was recorded). "
               f"Targets (trimmer vs engine): device-s and energy saved >= {TARGETS['device_s_saving']:.0%}, "
               f"latency ratio <= {TARGETS['latency_ratio']}, drop rate < {TARGETS['drop_rate']:.0%}."]
     if report.get("notes"):
