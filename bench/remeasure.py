@@ -93,7 +93,8 @@ def ratio_interval(turns: list[list[float]], base: list[list[float]], level: flo
     A turn of one arm and the same turn of the other were timed back to back, so they share the host's
     state; resampling them together keeps that pairing, and the interval is the timing noise left in the
     ratio (not the search's luck, which only other runs show). Consecutive turns share the host's slower
-    states too: resampled as blocks, a state that lasted ten turns counts once, not ten times.
+    states too: resampled as blocks, a state that lasted ten turns counts once, not ten times. (A last,
+    shorter block is filled from the first turns, so every resample has as many turns as the timing.)
     """
     if len(turns) != len(base) or not turns:
         raise ValueError(f"need the same number of turns for both arms; got {len(turns)} and {len(base)}")

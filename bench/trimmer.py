@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.remeasure import BLOCK, TURNS, ratio_interval
+from bench.remeasure import BLOCK, ratio_interval
 from bench.tuning import _run_json
 from bench.workloads import WORKLOADS
 from containers.atomic import write_atomically
@@ -104,7 +104,7 @@ def bench_workload(name: str, work_root: Path, target: str = "cpu", chosen: Sequ
     rows = {arm: _row(r, isolated["median"].get(arm), isolated["fastest"].get(arm)) for arm, r in arms.items()}
     turns = [isolated["turns"].get(arm) for arm in ("trimmer", "engine")]
     result = {"description": WORKLOADS[name].description, "trials": trials, "round_size": round_size, "seed": seed,
-              "retiming_turns": TURNS, "arms": rows,
+              "retiming_turns": len(turns[0]) if all(turns) else None, "arms": rows,
               "trimmer_vs_engine": _compare(rows["engine"], rows["trimmer"],
                                             ratio_interval(*turns, block=BLOCK) if all(turns) else None)}
     for arm, (key, _) in WARM_ARMS.items():
@@ -311,7 +311,7 @@ def write_tables(report: dict[str, Any], stem: str = "trimmer") -> None:
                      f"{pct(c['energy_saving'])} | {pct(c['wall_saving'])} | "
                      f"{'-' if c['latency_ratio'] is None else format(c['latency_ratio'], '.3f')}"
                      + ("" if not c.get("latency_ratio_interval") else " ({:.3f}-{:.3f}{})".format(
-                         *c["latency_ratio_interval"], f", {w['retiming_turns']} turns" if "retiming_turns" in w
+                         *c["latency_ratio_interval"], f", {w['retiming_turns']} turns" if w.get("retiming_turns")
                          else "")) + " | "
                      f"{'-' if c.get('latency_ratio_fastest') is None else format(c['latency_ratio_fastest'], '.3f')} | "
                      f"{'rounds' if _setup(w)[1] == ROUNDS_RULE else 'proposals'} | {met} |")
