@@ -37,7 +37,9 @@ def docker_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DockerCl
     """A Docker engine for the session: one already running (left running), else dockerd started here and stopped after.
 
     Skips, with the reason in one line, only where no engine runs and none can be started.
+    Servers a killed session left stopped are removed first: tests count what is left after them.
     """
+    from containers.backends.docker import DockerBackend
     from containers.backends.engine import ensure_engine
     from containers.errors import BackendUnavailable
 
@@ -46,6 +48,7 @@ def docker_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DockerCl
             client = stack.enter_context(ensure_engine(tmp_path_factory.mktemp("dockerd") / "dockerd.log"))
         except BackendUnavailable as err:
             pytest.skip(str(err))
+        DockerBackend(client).prune()
         yield client
 
 

@@ -117,6 +117,30 @@ def test_docker_container_killed_from_outside_is_listed_as_not_running(docker_ba
 
 
 @pytest.mark.docker
+def test_docker_a_server_left_stopped_by_a_dead_job_is_replaced_or_pruned_a_running_one_is_not(
+        docker_backend, docker_engine, tuned_run):
+    from containers.backends.docker import DockerBackend
+
+    spec = _spec(tuned_run.artifact)
+    first = docker_backend.start(spec).ident
+    with pytest.raises(ContainerError, match=f"{spec.name!r} is already running; stop it first"):
+        DockerBackend(docker_engine).start(spec)
+
+    def killed() -> None:  # the job that started it died, and its server with it
+        docker_engine.containers.get(f"autotune-{spec.name}").kill()
+        deadline = time.monotonic() + 10
+        while docker_backend.info(spec.name).running and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    killed()
+    second = docker_backend.start(spec)
+    assert second.running and second.ident != first
+    killed()
+    assert spec.name in DockerBackend(docker_engine).prune()
+    assert spec.name not in [info.spec.name for info in docker_backend.list()]
+
+
+@pytest.mark.docker
 def test_docker_bad_artifact_fails_fast_with_the_server_log(docker_backend, tmp_path):
     spec = _spec(tmp_path)
     started = time.monotonic()

@@ -60,8 +60,10 @@ class DockerBackend(ContainerBackend):
     def start(self, spec: ContainerSpec, timeout_s: float = 60.0) -> ContainerInfo:
         check_spec(spec)
         with self._errors(spec.name, "start"):
-            if self.client.containers.list(all=True, filters={"name": f"^/{PREFIX}{spec.name}$"}):
-                raise ContainerError(f"a container named {spec.name!r} already exists; stop it first")
+            for found in self.client.containers.list(all=True, filters={"name": f"^/{PREFIX}{spec.name}$"}):
+                if found.status == "running":
+                    raise ContainerError(f"a container named {spec.name!r} is already running; stop it first")
+                found.remove(force=True)  # left stopped by a job that died before it could stop it
             image = self._ensure_image()
         self._started.add(spec.name)
         try:
@@ -115,6 +117,19 @@ class DockerBackend(ContainerBackend):
 
     def info(self, name: str) -> ContainerInfo:
         return _info(self._get(name))
+
+    def prune(self) -> list[str]:
+        """Remove the labelled containers that no longer run: what killed jobs left behind.
+
+        Returns:
+            Their server names.
+        """
+        with self._errors(None, "prune"):
+            found = self.client.containers.list(all=True, filters={"label": f"{MANAGED}=true"}, ignore_removed=True)
+            stopped = [container for container in found if container.status != "running"]
+            for container in stopped:
+                container.remove(force=True)
+        return sorted(container.labels.get("autotune.name", container.name) for container in stopped)
 
     def close(self) -> None:
         """Stop the containers this instance started (others' labelled containers are left alone)."""
