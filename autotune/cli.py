@@ -76,6 +76,8 @@ def tune(
     min_improvement: Annotated[float, typer.Option(help="a gain smaller than this share is no gain")] = 0.01,
     patience_share: Annotated[float, typer.Option(help="task patience and model window are at least this share "
                                                        "of the budget (a task's; the live tasks' mean)")] = 0.25,
+    solo_patience_share: Annotated[float, typer.Option(help="the same share in a job of one task, whose stop "
+                                                            "hands no trials over")] = 0.4,
     warm_start: Annotated[Optional[list[Path]], typer.Option(
         help="start from an earlier job (repeatable): a saved latency model, or a tuning database, run folder or "
              "artifact, whose best schedules also lead each matching task's first round")] = None,
@@ -102,7 +104,8 @@ def tune(
             policies=PolicySettings(filter, filter_threshold, filter_keep, filter_explore, filter_min_tau,
                                     filter_trust_rounds, preemption,
                                     task_patience, min_task_trials, model_window, min_improvement,
-                                    patience_share, watts_per_core, price_per_hour, tuple(str(p) for p in warm_start or ())),
+                                    patience_share, solo_patience_share, watts_per_core, price_per_hour,
+                                    tuple(str(p) for p in warm_start or ())),
         )
         observer = SilentProgress() if quiet or as_json else LiveProgress()
         outcome = tune_model(config, observer)

@@ -38,6 +38,7 @@ class PolicySettings:
     model_window: int = 128
     min_improvement: float = 0.01
     patience_share: float = 0.25
+    solo_patience_share: float = 0.4
     watts_per_core: float = DEFAULT_WATTS_PER_CORE
     price_per_hour: float | None = None
     warm_start: tuple[str, ...] = ()
@@ -64,7 +65,7 @@ class PolicySettings:
         if not self.preemption:
             return NeverPreempt()
         return PlateauPreemption(self.task_patience, self.min_task_trials, self.model_window, self.min_improvement,
-                                 self.patience_share)
+                                 self.patience_share, self.solo_patience_share)
 
 
 @dataclass

@@ -93,7 +93,8 @@ def main() -> None:
     parser.add_argument("workload")
     parser.add_argument("--round-size", type=int, default=8)
     grid = {"task_patience": (int, "96"), "min_task_trials": (int, "32"), "model_window": (int, "128"),
-            "min_improvement": (float, "0.01"), "patience_share": (float, "0.25")}
+            "min_improvement": (float, "0.01"), "patience_share": (float, "0.25"),
+            "solo_patience_share": (float, "0.4")}
     for name, (_, default) in grid.items():
         parser.add_argument(f"--{name.replace('_', '-')}", default=default, help="comma-separated values to try")
     args = parser.parse_args()
@@ -108,14 +109,15 @@ def main() -> None:
         raise SystemExit(f"{args.work_dir / MEASUREMENTS_LOG}: no measurements; expected a finished run's log")
     weights = task_weights(args.workload)
     values = {name: [kind(v) for v in getattr(args, name).split(",")] for name, (kind, _) in grid.items()}
-    print("| task patience | min trials | model window | min gain | patience share | tasks stopped | job stopped "
-          "| measurements kept | estimated latency / run's |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |")
+    print("| task patience | min trials | model window | min gain | patience share | alone | tasks stopped "
+          "| job stopped | measurements kept | estimated latency / run's |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |")
     for combo in itertools.product(*values.values()):
         settings = dict(zip(values, combo))
         r = replay(log, weights, args.round_size, PlateauPreemption(**settings), settings)
         print(f"| {settings['task_patience']} | {settings['min_task_trials']} | "
               f"{settings['model_window']} | {settings['min_improvement']:g} | {settings['patience_share']:g} | "
+              f"{settings['solo_patience_share']:g} | "
               f"{len(r.stopped)} | "
               f"{'-' if r.job_stopped_at is None else f'round {r.job_stopped_at}'} | {r.kept / r.of:.0%} "
               f"({r.kept} of {r.of}) | {r.latency_s / r.full_latency_s:.3f} |")

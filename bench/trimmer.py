@@ -119,7 +119,7 @@ def _saved_arm(work_dir: Path, command: list[str]) -> dict[str, Any] | None:
     """The result an earlier run of ``command`` left in ``work_dir``, or None.
 
     A trimmer arm runs the default preemption, which its command does not name: one that ran
-    under another rule is not kept.
+    under another rule (as a job of one task or of several applies it) is not kept.
     """
     from autotune.policies import PolicySettings
 
@@ -131,7 +131,8 @@ def _saved_arm(work_dir: Path, command: list[str]) -> dict[str, Any] | None:
         return None
     rule = saved["result"].get("policies", {}).get("preemption", {}).get("rule")
     trimmed = "trimmer" in command
-    return None if trimmed and rule != PolicySettings().preemption_policy().rule else saved["result"]
+    policy = PolicySettings().preemption_policy()
+    return None if trimmed and rule not in (policy.rule_for(1), policy.rule_for(2)) else saved["result"]
 
 
 def _row(arm: dict[str, Any], final_s: float | None, fastest_s: float | None) -> dict[str, Any]:

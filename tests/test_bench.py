@@ -38,9 +38,10 @@ def test_a_resumed_benchmark_keeps_only_an_arm_the_same_command_finished(tmp_pat
     assert _saved_arm(tmp_path, command) == {"wall_s": 1.0}
     assert _saved_arm(tmp_path, [*command[:3], "320", *command[4:]]) is None  # another budget: run again
     trimmer = [*command[:-1], "trimmer"]
-    rule = {"policies": {"preemption": {"rule": PolicySettings().preemption_policy().rule}}}
-    (tmp_path / ARM_RESULT).write_text(json.dumps({"command": trimmer, "result": rule}))
-    assert _saved_arm(tmp_path, trimmer) == rule
+    for tasks in (1, 3):  # the default rule, as a job of one task and one of several apply it
+        rule = {"policies": {"preemption": {"rule": PolicySettings().preemption_policy().rule_for(tasks)}}}
+        (tmp_path / ARM_RESULT).write_text(json.dumps({"command": trimmer, "result": rule}))
+        assert _saved_arm(tmp_path, trimmer) == rule
     (tmp_path / ARM_RESULT).write_text(json.dumps({"command": trimmer, "result": {"policies": {"preemption": {
         "rule": "task patience 96 proposals (after 32)"}}}}))
     assert _saved_arm(tmp_path, trimmer) is None  # a trimmer arm under another rule: run again

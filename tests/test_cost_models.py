@@ -95,6 +95,7 @@ def test_measure_all_drops_nothing():
                                           ({"model_window": 0}, "--model-window"),
                                           ({"min_improvement": 1.0}, "--min-improvement"),
                                           ({"patience_share": -0.1}, "--patience-share"),
+                                          ({"solo_patience_share": 1.0}, "--solo-patience-share"),
                                           ({"watts_per_core": 0.0}, "--watts-per-core"),
                                           ({"price_per_hour": -1.0}, "--price-per-hour")])
 def test_thresholds_out_of_range_are_usage_errors(kwargs, flag):
@@ -147,11 +148,25 @@ def test_the_patience_counts_proposals_not_rounds():
 def test_the_patience_grows_to_its_share_of_a_large_budget():
     """96 flat proposals stop a task of 320 trials; one of 1000 gets a quarter of them, 250."""
     for budget, stopped_at in ((320, 16 + 96), (1000, 16 + 256)):
-        p = PlateauPreemption(task_patience=96, min_task_trials=0, model_window=10**6, patience_share=0.25)
+        p = PlateauPreemption(task_patience=96, min_task_trials=0, model_window=10**6, patience_share=0.25,
+                              solo_patience_share=0.25)
         p.after_round([TaskRound("a", math.inf, 1.0, 16, directed=False, budget=budget)], 1.0)
         assert next(n for n in range(32, budget, 16)
                     if p.after_round([TaskRound("a", 1.0, 1.0, n, budget=budget)], 1.0).stop_tasks) == stopped_at
     assert "at least 25% of the planned budget" in p.rule
+
+
+def test_a_job_of_one_task_waits_its_own_longer_share_and_says_so():
+    """At 1000 trials a lone task waits 400 flat proposals; beside another task, 250."""
+    for tasks, stopped_at in (("a", 16 + 400), ("ab", 16 + 256)):
+        p = PlateauPreemption(task_patience=96, min_task_trials=0, model_window=10**6, patience_share=0.25,
+                              solo_patience_share=0.4)
+        p.after_round([TaskRound(t, math.inf, 1.0, 16, directed=False, budget=1000) for t in tasks], 1.0)
+        assert next(n for n in range(32, 1000, 16) if p.after_round(
+            [TaskRound(t, 1.0, 1.0, n, budget=1000) for t in tasks], 1.0).stop_tasks) == stopped_at
+        assert p.rule == p.rule_for(len(tasks))
+    assert p.rule_for(1).endswith("at least 40% of the planned budget (a job of one task)")
+    assert p.rule_for(2).endswith("at least 25% of the planned budget")
 
 
 def test_the_job_window_grows_to_its_share_of_the_live_tasks_mean_budget():
