@@ -112,8 +112,7 @@ class DockerBackend(ContainerBackend):
 
     def list(self) -> list[ContainerInfo]:
         with self._errors(None, "list"):
-            found = self.client.containers.list(all=True, filters={"label": f"{MANAGED}=true"}, ignore_removed=True)
-        return [_info(container) for container in found]
+            return [_info(container) for container in self._managed()]
 
     def info(self, name: str) -> ContainerInfo:
         return _info(self._get(name))
@@ -125,8 +124,7 @@ class DockerBackend(ContainerBackend):
             Their server names.
         """
         with self._errors(None, "prune"):
-            found = self.client.containers.list(all=True, filters={"label": f"{MANAGED}=true"}, ignore_removed=True)
-            stopped = [container for container in found if container.status != "running"]
+            stopped = [container for container in self._managed() if container.status != "running"]
             for container in stopped:
                 container.remove(force=True)
         return sorted(container.labels.get("autotune.name", container.name) for container in stopped)
@@ -135,6 +133,10 @@ class DockerBackend(ContainerBackend):
         """Stop the containers this instance started (others' labelled containers are left alone)."""
         for name in sorted(self._started):
             self.stop(name)
+
+    def _managed(self) -> list[Container]:
+        """Every labelled container, running or not, whoever started it."""
+        return self.client.containers.list(all=True, filters={"label": f"{MANAGED}=true"}, ignore_removed=True)
 
     def _get(self, name: str) -> Container:
         with self._errors(name, "find"):
