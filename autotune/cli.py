@@ -15,9 +15,11 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune.errors import AutotuneError, UsageError
+from autotune.policies import PolicySettings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False, help="Tune PyTorch models with TVM MetaSchedule into verified artifacts.")
 err_console = Console(stderr=True)
+_POLICY = PolicySettings()  # the flags' defaults are the policies' own
 
 
 def _ints(text: str | None, flag: str) -> tuple[int, ...] | None:
@@ -59,30 +61,30 @@ def tune(
     filter: Annotated[bool, typer.Option("--filter/--no-filter", help="drop proposals the latency model says "
                                          "will not beat the task's best, before building them")] = True,
     filter_threshold: Annotated[float, typer.Option(help="keep proposals scored at least this (1.0 = as fast as "
-                                                         "the task's best)")] = 0.9,
-    filter_keep: Annotated[float, typer.Option(help="always measure at least this share of a round (best scores)")] = 0.25,
+                                                         "the task's best)")] = _POLICY.filter_threshold,
+    filter_keep: Annotated[float, typer.Option(help="always measure at least this share of a round (best scores)")] = _POLICY.filter_keep,
     filter_explore: Annotated[float, typer.Option(help="share of a round drawn at random from what would be "
-                                                       "dropped (exploration, and the drop-rate estimate)")] = 0.1,
+                                                       "dropped (exploration, and the drop-rate estimate)")] = _POLICY.filter_explore,
     filter_min_tau: Annotated[float, typer.Option(help="filter only while the model's recent rank correlation "
-                                                       "(Kendall tau) is at least this")] = 0.0,
+                                                       "(Kendall tau) is at least this")] = _POLICY.filter_min_tau,
     filter_trust_rounds: Annotated[int, typer.Option(help="filter only after this many rounds in a row in which it "
-                                                           "would not have dropped a new best")] = 3,
+                                                           "would not have dropped a new best")] = _POLICY.filter_trust_rounds,
     preemption: Annotated[bool, typer.Option("--preemption/--no-preemption",
                                              help="stop tasks and the job when they stop improving")] = True,
-    task_patience: Annotated[int, typer.Option(help="stop a task after this many proposals in a row without gain")] = 96,
-    min_task_trials: Annotated[int, typer.Option(help="proposals a task gets before it can be stopped")] = 32,
+    task_patience: Annotated[int, typer.Option(help="stop a task after this many proposals in a row without gain")] = _POLICY.task_patience,
+    min_task_trials: Annotated[int, typer.Option(help="proposals a task gets before it can be stopped")] = _POLICY.min_task_trials,
     model_window: Annotated[int, typer.Option(help="stop the job after this many proposals per live task without "
-                                                   "a gain in the estimated model latency")] = 128,
-    min_improvement: Annotated[float, typer.Option(help="a gain smaller than this share is no gain")] = 0.01,
+                                                   "a gain in the estimated model latency")] = _POLICY.model_window,
+    min_improvement: Annotated[float, typer.Option(help="a gain smaller than this share is no gain")] = _POLICY.min_improvement,
     patience_share: Annotated[float, typer.Option(help="task patience and model window are at least this share "
-                                                       "of the budget (a task's; the live tasks' mean)")] = 0.25,
+                                                       "of the budget (a task's; the live tasks' mean)")] = _POLICY.patience_share,
     solo_patience_share: Annotated[float, typer.Option(help="the same share in a job of one task, whose stop "
-                                                            "hands no trials over")] = 0.4,
+                                                            "hands no trials over")] = _POLICY.solo_patience_share,
     warm_start: Annotated[Optional[list[Path]], typer.Option(
         help="start from an earlier job (repeatable): a saved latency model, or a tuning database, run folder or "
              "artifact, whose best schedules also lead each matching task's first round")] = None,
     watts_per_core: Annotated[float, typer.Option(help="power of a busy core, for the estimate where no energy "
-                                                       "counter is readable")] = 7.5,
+                                                       "counter is readable")] = _POLICY.watts_per_core,
     price_per_hour: Annotated[Optional[float], typer.Option(help="price per device-hour: adds the job's cost "
                                                                  "to its bill")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print only the artifact path")] = False,
@@ -90,7 +92,6 @@ def tune(
 ) -> None:
     """Tune MODEL and write a verified, compiled, profiled artifact."""
     from autotune.config import TuneConfig
-    from autotune.policies import PolicySettings
     from autotune.pipeline import tune_model
     from autotune.progress import LiveProgress, SilentProgress
 

@@ -24,21 +24,21 @@ COST_MODEL_DIR = "cost_model"
 
 @dataclass(frozen=True)
 class PolicySettings:
-    """Filter, preemption and billing settings; every threshold is a ``tune`` flag."""
+    """Filter, preemption and billing settings; every threshold is a ``tune`` flag, defaulting to the policy's own."""
 
     filter: bool = True
-    filter_threshold: float = 0.9
-    filter_keep: float = 0.25
-    filter_explore: float = 0.1
-    filter_min_tau: float = 0.0
-    filter_trust_rounds: int = 3
+    filter_threshold: float = TrimmerFilter.threshold
+    filter_keep: float = TrimmerFilter.keep_share
+    filter_explore: float = TrimmerFilter.explore_share
+    filter_min_tau: float = TrimmerFilter.min_tau
+    filter_trust_rounds: int = TrimmerFilter.trust_rounds
     preemption: bool = True
-    task_patience: int = 96
-    min_task_trials: int = 32
-    model_window: int = 128
-    min_improvement: float = 0.01
-    patience_share: float = 0.25
-    solo_patience_share: float = 0.4
+    task_patience: int = PlateauPreemption.task_patience
+    min_task_trials: int = PlateauPreemption.min_task_trials
+    model_window: int = PlateauPreemption.model_window
+    min_improvement: float = PlateauPreemption.min_improvement
+    patience_share: float = PlateauPreemption.patience_share
+    solo_patience_share: float = PlateauPreemption.solo_patience_share
     watts_per_core: float = DEFAULT_WATTS_PER_CORE
     price_per_hour: float | None = None
     warm_start: tuple[str, ...] = ()
