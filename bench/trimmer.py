@@ -224,6 +224,16 @@ def _setup(result: dict[str, Any]) -> tuple[int, str]:
     return result["trials"], result["arms"]["trimmer"].get("preemption", {}).get("rule") or ROUNDS_RULE
 
 
+def _unlike_main(report: dict[str, Any], name: str, setup: tuple[int, str], tag: str) -> str:
+    """A label's parenthesis: ``tag``, then the budget and the rule's clauses where they are not the main run's."""
+    trials, rule = _setup(report["workloads"][name])
+    parts = [tag] if tag else []
+    if setup[0] != trials:
+        parts.append(f"{setup[0]} trials")
+    parts += [clause for clause in setup[1].split(", ") if clause not in rule.split(", ")]
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def _spread_table(report: dict[str, Any]) -> list[str]:
     """Each workload's run and reruns pooled by budget and rule: one run cannot resolve 2% on a kernel."""
     groups: dict[tuple[str, tuple[int, str]], list[dict[str, Any]]] = {}
@@ -236,7 +246,7 @@ def _spread_table(report: dict[str, Any]) -> list[str]:
              "| workload | runs (seeds) | latency ratio: median (min-max) | device-s saved: median | "
              "energy saved: median | runs meeting all four |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for (name, setup), runs in groups.items():
-        label = name if setup == _setup(report["workloads"][name]) else f"{name} ({setup[0]} trials, {setup[1]})"
+        label = name + _unlike_main(report, name, setup, "")
         median = lambda key: statistics.median(w["trimmer_vs_engine"][key] for w in runs)  # noqa: E731
         ratios = sorted(w["trimmer_vs_engine"]["latency_ratio"] for w in runs)
         seeds = sorted({w.get("seed", 0) for w in runs})
@@ -287,8 +297,8 @@ def write_tables(report: dict[str, Any], stem: str = "trimmer") -> None:
              + " never improved a best | drop rate: beat the best then / ended the best |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if gpu else "") + " ---: | ---: |"]
     runs = [(name, w) for name, w in report["workloads"].items()]
-    runs += [(f"{name} (rerun{', seed ' + str(w['seed']) if w.get('seed') else ''})", w)
-             for name, reruns in report.get("reruns", {}).items() for w in reruns]
+    runs += [(name + _unlike_main(report, name, _setup(w), "rerun" + (f", seed {w['seed']}" if w.get("seed") else "")),
+              w) for name, reruns in report.get("reruns", {}).items() for w in reruns]
     runs += [(f"{name} (earlier: {w['trials']} trials, {_setup(w)[1]})", w)
              for name, old in report.get("superseded", {}).items() for w in old]
     for name, w in runs:
