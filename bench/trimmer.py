@@ -230,7 +230,8 @@ def _unlike_main(report: dict[str, Any], name: str, setup: tuple[int, str], tag:
     parts = [tag] if tag else []
     if setup[0] != trials:
         parts.append(f"{setup[0]} trials")
-    parts += [clause for clause in setup[1].split(", ") if clause not in rule.split(", ")]
+    main_clauses = set(rule.split(", "))
+    parts += [clause for clause in setup[1].split(", ") if clause not in main_clauses]
     return f" ({', '.join(parts)})" if parts else ""
 
 
