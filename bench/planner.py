@@ -29,12 +29,15 @@ From a clean checkout: ``python -m bench.qoe`` (tunes the two artifacts), then
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import math
 import platform
 import statistics
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +54,7 @@ REPLAY_DRAWS = 1000  # the replay's draw seed, past the planning draws and the P
 RERUN_SEEDS = 10_000  # a rerun k plans and replays on traces and draws seeded k * this further on
 SLO_MISS_RATE = 0.01  # a p99 SLO is kept while at most 1% of queries miss it
 TARGETS = {"cost_ratio_vs_cg_peak": 5.0, "planning_s_5_stages": 10.0}
+ENUMERATE_MAX = 2000  # hardware x batch combinations (over all stages) up to which a row also gets the search gap
 METHODS = ("cg-mean", "cg-peak", "inferline")
 # stage i: (parents, scale factor); the 5-stage DAG branches after s0 (s2 sees half the queries) and joins at s3
 LAYOUTS = {1: [((), 1.0)], 3: [((), 1.0), (("s0",), 1.0), (("s1",), 1.0)],
@@ -118,7 +122,8 @@ def run_case(pipeline: Any, load: float, cv: float, spike: bool, seed: int, plan
         live = spike_trace(rate, factor * rate, at, span, live_s, cv, seed + 1)
     else:
         live = gamma_trace(rate, cv, live_s, seed + 1)
-    plans = plan_methods(Estimator(pipeline, sample, seed=draws, slo_percentile=PLAN_PERCENTILE), slo)
+    planning = Estimator(pipeline, sample, seed=draws, slo_percentile=PLAN_PERCENTILE)
+    plans = plan_methods(planning, slo)
     replay = Estimator(pipeline, live, seed=draws + REPLAY_DRAWS)
     row: dict[str, Any] = {"pipeline": pipeline.name, "stages": len(pipeline.stages), "rate_per_s": round(rate, 2),
                            "load": load, "cv": cv, "spike": spike, "slo_ms": slo, "methods": {}}
@@ -142,8 +147,60 @@ def run_case(pipeline: Any, load: float, cv: float, spike: bool, seed: int, plan
         if "cost_per_hour" in row["methods"].get("cg-peak", {}):
             row["cost_ratio_vs_cg_peak"] = round(row["methods"]["cg-peak"]["cost_per_hour"]
                                                  / row["methods"]["inferline"]["cost_per_hour"], 2)
+            gap = search_gap(planning, slo)
+            if gap:  # the ratio had the descent ended on the enumeration's cheapest
+                row["search"] = {**gap, "cost_ratio_at_enumerated": round(row["cost_ratio_vs_cg_peak"] * gap["gap"], 2)}
     row["estimator_visits_per_s"] = round(statistics.median(visits)) if visits else None
     return row
+
+
+def search_gap(estimator: Any, slo_ms: float) -> dict[str, Any] | None:
+    """How much cheaper than the greedy descent (Algorithm 2) an enumeration finds, both before the hold-out.
+
+    A CG-Peak/Planner ratio short of target says either that the greedy search stops high or
+    that no configuration on these profiles is much cheaper; this tells the two apart. Every
+    hardware and batch size per stage is enumerated, each combination starting at the fewest
+    replicas that serve its stage's load and growing the bottleneck (as Algorithm 1 does) until
+    the Estimator says the SLO holds or it costs no less than the cheapest found. None where
+    there are more than ``ENUMERATE_MAX`` combinations.
+    """
+    from containers.planner.config import StageConfig, config_cost, with_stage
+    from containers.planner.planner import capacity_ratio, fewest_serving, initialize, minimize_cost
+
+    pipeline = estimator.pipeline
+    choices = [[(h, b) for h in s.hardware for b in s.profile.batch_sizes(h)] for s in pipeline.stages]
+    combinations = math.prod(len(c) for c in choices)
+    if combinations > ENUMERATE_MAX:
+        return None
+    t0 = time.perf_counter()
+    greedy = minimize_cost(estimator, slo_ms, initialize(estimator, slo_ms))
+    greedy_cost = config_cost(pipeline, greedy)
+    best, bar = greedy, greedy_cost
+    for combo in itertools.product(*choices):
+        config = {s.name: StageConfig(h, b, fewest_serving(estimator, s, h, b), s.batch_timeout_ms)
+                  for s, (h, b) in zip(pipeline.stages, combo)}
+        while config_cost(pipeline, config) < bar - 1e-12:
+            if estimator.feasible(config, slo_ms):
+                best, bar = config, config_cost(pipeline, config)
+                break
+            name = min(config, key=lambda n: capacity_ratio(estimator, n, config[n]))
+            config = with_stage(config, name, replace(config[name], replicas=config[name].replicas + 1))
+    return {"greedy_cost_per_hour": round(greedy_cost, 5), "enumerated_cost_per_hour": round(bar, 5),
+            "gap": round(greedy_cost / bar, 3), "combinations": combinations,
+            "enumerated": {n: [c.hardware, c.batch_size, c.replicas] for n, c in best.items()},
+            "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def batch1_ms(artifacts: list[Path]) -> dict[str, dict[str, float]]:
+    """Each artifact's mean service time at batch 1 per hardware: what a run's profiles were, since they are re-measured."""
+    from containers.planner.profiles import StageProfile
+    from results.profile import read_profile
+
+    out = {}
+    for art in artifacts:
+        profile = StageProfile.from_profile(art.parent.name, read_profile(art / "profile.json"))
+        out[art.parent.name] = {h: round(profile.service_ms(h, 1), 2) for h in profile.hardware}
+    return out
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -165,6 +222,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     five = [r["methods"]["inferline"]["planning_s"] for r in rows if r["stages"] == 5 and "planning_s" in
             r["methods"].get("inferline", {})]
     rates = [r["estimator_visits_per_s"] for r in rows if r["estimator_visits_per_s"]]
+    searched = {n: [r["search"] for r in rows if r["stages"] == n and "search" in r] for n in sorted(by_size)}
     return {
         "cost_ratio_vs_cg_peak": {"min": min(ratios, default=None), "median": statistics.median(ratios) if ratios else None,
                                   "max": max(ratios, default=None)},
@@ -173,6 +231,9 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "rows_planner_miss_rate_no_higher_than_cg_peak": f"{len(no_worse)}/{len(ratios)}",
         "rows_miss_rate_no_higher_than_cg_peak_or_within_slo": {m: f"{n}/{len(ratios)}" for m, n in slo_no_worse.items()},
         "steady_rows_within_slo_miss_rate": {m: f"{n}/{len(steady)}" for m, n in within.items()},
+        "search_gap_by_stages": {n: {"gap_max": max(g["gap"] for g in v),
+                                     "cost_ratio_at_enumerated_max": max(g["cost_ratio_at_enumerated"] for g in v)}
+                                 for n, v in searched.items() if v},
         "planning_s_5_stages_max": max(five, default=None),
         "estimator_visits_per_s_median": round(statistics.median(rates)) if rates else None,
         "targets": TARGETS,
@@ -187,11 +248,18 @@ def markdown(sim: dict[str, Any]) -> str:
              f"Sample trace {sim['plan_s']:g} s, replay {sim['live_s']:g} s (other arrivals and other service-time "
              f"draws); SLO = {SLO_FACTOR:g}x batch-1 service time; CG-Peak provisioned for the busiest SLO-long window "
              "of the sample trace.", ""]
-    lines += run_markdown(sim, sim.get("plan_percentile", 99))
+    lines += ([profiled(sim["batch1_ms"]), ""] if "batch1_ms" in sim else []) + run_markdown(sim, sim.get("plan_percentile", 99))
     for k, rerun in enumerate(sim.get("reruns", []), 1):
         lines += [f"### Rerun {k} ({rerun['date']}: traces and draws seeded {rerun['seed_offset']} further on)", ""]
+        if "batch1_ms" in rerun:
+            lines += [profiled(rerun["batch1_ms"]), ""]
         lines += run_markdown(rerun, sim.get("plan_percentile", 99))
     return "\n".join(lines)
+
+
+def profiled(batch1: dict[str, dict[str, float]]) -> str:
+    return "Profiles as measured for this run, mean ms at batch 1: " + "; ".join(
+        f"{name} " + ", ".join(f"{ms:g} on {h}" for h, ms in by_hw.items()) for name, by_hw in batch1.items()) + "."
 
 
 def run_markdown(run: dict[str, Any], plan_percentile: float) -> list[str]:
@@ -205,6 +273,7 @@ def run_markdown(run: dict[str, Any], plan_percentile: float) -> list[str]:
         lines.append(f"| {r['pipeline']} | {load} | {r['slo_ms']:g} | {cell('cg-mean')} | {cell('cg-peak')} | "
                      f"{cell('inferline')} | {cell('inferline+tuner')} | {r.get('cost_ratio_vs_cg_peak', '-')} |")
     s = run["summary"]
+    gaps = list(s.get("search_gap_by_stages", {}).items())
     by_size = "; ".join(f"{n} stages: {v['min']}-{v['max']} (median {v['median']})"
                         for n, v in s["cost_ratio_vs_cg_peak_by_stages"].items())
     lines += ["", f"CG-Peak / Planner cost: {s['cost_ratio_vs_cg_peak']} (target >= {TARGETS['cost_ratio_vs_cg_peak']:g}x; "
@@ -217,6 +286,13 @@ def run_markdown(run: dict[str, Any], plan_percentile: float) -> list[str]:
               f"CG-Peak {s['steady_rows_within_slo_miss_rate']['cg-peak']}, "
               f"Planner {s['steady_rows_within_slo_miss_rate']['inferline']}. The Planner holds the sample's "
               f"p{plan_percentile} to the SLO.",
+              *([] if not s.get("search_gap_by_stages") else [
+                  "Search gap (pipelines of up to " f"{ENUMERATE_MAX} hardware x batch combinations, before the "
+                  "hold-out): the cheapest plan an enumeration of every hardware and batch per stage finds costs "
+                  "the greedy descent's divided by at most " + ", ".join(
+                      f"{v['gap_max']:g} on {n} stage{'s' if str(n) != '1' else ''}" for n, v in gaps) + "; at it, CG-Peak / "
+                  "Planner would reach at most " + ", ".join(f"{v['cost_ratio_at_enumerated_max']:g}" for _, v in gaps)
+                  + " respectively."]),
               f"5-stage planning: {s['planning_s_5_stages_max']} s at most (target < {TARGETS['planning_s_5_stages']:g} s; "
               f"met: {s['met']['planning_s_5_stages']}). Estimator: {s['estimator_visits_per_s_median']} query-stage "
               "visits/s (median).", ""]
@@ -288,7 +364,7 @@ def main() -> None:
                   f"ratio {rows[-1].get('cost_ratio_vs_cg_peak')}, {time.perf_counter() - t0:.1f} s", flush=True)
     from containers.planner.planner import PLAN_PERCENTILE
 
-    run = {"date": time.strftime("%Y-%m-%d"), "rows": rows, "summary": summarize(rows)}
+    run = {"date": time.strftime("%Y-%m-%d"), "batch1_ms": batch1_ms(artifacts), "rows": rows, "summary": summarize(rows)}
     if args.rerun:
         sim = {**recorded, "reruns": recorded.get("reruns", []) + [{**run, "seed_offset": offset}]}
     else:  # a fresh run replaces the reruns of the one before it

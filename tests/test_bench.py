@@ -1,4 +1,5 @@
-"""Benchmark helpers: the preemption replay, arms kept for a resumed Trimmer benchmark, the re-timing interval."""
+"""Benchmark helpers: the preemption replay, arms kept for a resumed Trimmer benchmark, the re-timing interval,
+the planner benchmark's search gap."""
 
 from __future__ import annotations
 
@@ -6,11 +7,17 @@ import json
 
 import pytest
 
+import bench.planner
 from bench.remeasure import ratio_interval
 from bench.replay_preemption import replay
 from bench.trimmer import ARM_RESULT, _saved_arm, _spread_table
 from autotune.policies import PolicySettings
+from containers.planner.config import StageConfig, config_cost
+from containers.planner.estimator import Estimator
+from containers.planner.planner import initialize, minimize_cost
+from containers.planner.trace import gamma_trace
 from cost_models.preemption import PlateauPreemption
+from tests.planner_profiles import chain  # noqa: F401
 
 
 def _log(task: str, latencies: list[float]) -> list[dict]:
@@ -90,3 +97,15 @@ def test_blocks_of_turns_that_shared_a_host_state_widen_the_interval_to_what_the
     lo, hi = ratio_interval(b, a, block=10)
     assert lo < 1.1 == hi  # six states are too few to be sure
     assert ratio_interval(b[:10], a[:10], block=10) == (1.1, 1.1)  # one state: one value
+
+
+def test_the_search_gap_finds_a_feasible_plan_no_dearer_than_the_greedy_descent(chain, monkeypatch):
+    est = Estimator(chain, gamma_trace(60, 1.0, 10, seed=5))  # a load where the descent stops above the cheapest
+    gap = bench.planner.search_gap(est, 150)
+    found = {n: StageConfig(h, b, r, chain.stage(n).batch_timeout_ms) for n, (h, b, r) in gap["enumerated"].items()}
+    assert est.feasible(found, 150) and config_cost(chain, found) == pytest.approx(gap["enumerated_cost_per_hour"], abs=1e-5)
+    greedy = minimize_cost(est, 150, initialize(est, 150))
+    assert gap["greedy_cost_per_hour"] == pytest.approx(config_cost(chain, greedy), abs=1e-5)
+    assert gap["gap"] >= 1 and gap["combinations"] == 8 * 12 * 8  # pre and post: 2 sizes x 4 batches; cnn: 3 x 4
+    monkeypatch.setattr(bench.planner, "ENUMERATE_MAX", gap["combinations"] - 1)
+    assert bench.planner.search_gap(est, 150) is None

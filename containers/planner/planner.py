@@ -170,6 +170,11 @@ def capacity_ratio(estimator: Estimator, name: str, cfg: StageConfig) -> float:
     return math.inf if load == 0 else cfg.replicas * stage.profile.throughput_per_s(cfg.hardware, cfg.batch_size) / load
 
 
+def fewest_serving(estimator: Estimator, stage: Stage, hardware: str, batch: int) -> int:
+    """The fewest replicas on ``hardware`` at ``batch`` whose full batches serve more than the stage's load."""
+    return math.floor(estimator.load_per_s(stage.name) / stage.profile.throughput_per_s(hardware, batch)) + 1
+
+
 def minimize_cost(estimator: Estimator, slo_ms: float, config: Config, max_replicas: int = MAX_REPLICAS
                   ) -> dict[str, StageConfig]:
     """Algorithm 2: greedy cost descent from a feasible ``config``; every step stays feasible."""
@@ -239,7 +244,7 @@ def _actions(estimator: Estimator, stage: Stage, cfg: StageConfig, max_replicas:
         moves.extend((hardware, batch, max_replicas) for batch in stage.profile.batch_sizes(hardware))
     out = []
     for hardware, batch, high in moves:
-        low = max(1, math.floor(estimator.load_per_s(stage.name) / stage.profile.throughput_per_s(hardware, batch)) + 1)
+        low = fewest_serving(estimator, stage, hardware, batch)
         if hardware == cfg.hardware and batch == cfg.batch_size:
             low = max(low, high)  # removing one replica is one step, as in the paper
         if low <= high:
