@@ -14,6 +14,8 @@ process (and, for the spike case, on a trace whose rate triples for 20 s), the P
 with the Tuner. Rates are multiples of the slowest stage's single-replica throughput at
 batch 1, so the load means the same whatever the profiles; the SLO is 4x the pipeline's
 batch-1 service time. CG-Peak is provisioned for the busiest SLO-long window of the sample.
+On pipelines of up to ``ENUMERATE_MAX`` hardware x batch combinations a row also gets the
+search gap: how far the greedy descent ends above the cheapest plan an enumeration finds.
 Writes results/bench/planner.{json,md}, merging: keys other than ``simulated`` (the ``live``
 section) are kept. ``--rerun`` keeps the recorded run and adds one beside it on other traces
 and other service-time draws (seeded further on).
@@ -258,6 +260,7 @@ def markdown(sim: dict[str, Any]) -> str:
 
 
 def profiled(batch1: dict[str, dict[str, float]]) -> str:
+    """A run's profiles in a line: each re-tuned and re-profiled run plans on its own."""
     return "Profiles as measured for this run, mean ms at batch 1: " + "; ".join(
         f"{name} " + ", ".join(f"{ms:g} on {h}" for h, ms in by_hw.items()) for name, by_hw in batch1.items()) + "."
 
@@ -287,12 +290,12 @@ def run_markdown(run: dict[str, Any], plan_percentile: float) -> list[str]:
               f"Planner {s['steady_rows_within_slo_miss_rate']['inferline']}. The Planner holds the sample's "
               f"p{plan_percentile} to the SLO.",
               *([] if not s.get("search_gap_by_stages") else [
-                  "Search gap (pipelines of up to " f"{ENUMERATE_MAX} hardware x batch combinations, before the "
-                  "hold-out): the cheapest plan an enumeration of every hardware and batch per stage finds costs "
-                  "the greedy descent's divided by at most " + ", ".join(
-                      f"{v['gap_max']:g} on {n} stage{'s' if str(n) != '1' else ''}" for n, v in gaps) + "; at it, CG-Peak / "
-                  "Planner would reach at most " + ", ".join(f"{v['cost_ratio_at_enumerated_max']:g}" for _, v in gaps)
-                  + " respectively."]),
+                  f"Search gap (pipelines of up to {ENUMERATE_MAX} hardware x batch combinations, before the "
+                  "hold-out): the greedy descent's plan costs at most " + ", ".join(
+                      f"{v['gap_max']:g}x ({n} stage{'s' if str(n) != '1' else ''})" for n, v in gaps)
+                  + " the cheapest an enumeration of every hardware and batch per stage finds; at that cheapest, "
+                  "CG-Peak / Planner would reach at most "
+                  + ", ".join(f"{v['cost_ratio_at_enumerated_max']:g}" for _, v in gaps) + " respectively."]),
               f"5-stage planning: {s['planning_s_5_stages_max']} s at most (target < {TARGETS['planning_s_5_stages']:g} s; "
               f"met: {s['met']['planning_s_5_stages']}). Estimator: {s['estimator_visits_per_s_median']} query-stage "
               "visits/s (median).", ""]
