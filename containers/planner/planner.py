@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
 from containers.errors import PlanError
@@ -137,7 +137,7 @@ def initialize(estimator: Estimator, slo_ms: float, max_replicas: int = MAX_REPL
             p99 = estimator.estimate(config, slo_ms).p99_ms
             raise PlanError(f"pipeline {pipeline.name}: no configuration with at most {max_replicas} replicas per "
                             f"stage meets the SLO of {slo_ms:g} ms; with stage {name} at the cap the p99 is {p99:.1f} ms")
-        config = with_stage(config, name, replace(config[name], replicas=config[name].replicas + 1))
+        config = add_replica(config, name)
 
 
 def hold_out(estimator: Estimator, slo_ms: float, config: Config, max_replicas: int = MAX_REPLICAS,
@@ -158,9 +158,18 @@ def hold_out(estimator: Estimator, slo_ms: float, config: Config, max_replicas: 
         growable = [s.name for s in pipeline.stages if config[s.name].replicas < max_replicas]
         if not growable:
             break
-        name = min(growable, key=lambda n: capacity_ratio(estimator, n, config[n]))
-        config = with_stage(config, name, replace(config[name], replicas=config[name].replicas + 1))
+        config = add_replica(config, bottleneck(estimator, config, growable))
     return config
+
+
+def bottleneck(estimator: Estimator, config: Config, names: Iterable[str]) -> str:
+    """Of the stages ``names``, the one with the least capacity for the load it receives."""
+    return min(names, key=lambda n: capacity_ratio(estimator, n, config[n]))
+
+
+def add_replica(config: Config, name: str) -> dict[str, StageConfig]:
+    """``config`` with one more replica on stage ``name``."""
+    return with_stage(config, name, replace(config[name], replicas=config[name].replicas + 1))
 
 
 def capacity_ratio(estimator: Estimator, name: str, cfg: StageConfig) -> float:
