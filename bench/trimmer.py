@@ -66,33 +66,13 @@ def bench_workload(name: str, work_root: Path, target: str = "cpu", chosen: Sequ
 
     Returns {} when the engine or the trimmer arm is not among them: the arms run are only saved.
     """
-    trials, round_size = trials or BUDGETS[name][0], BUDGETS[name][1]
+    trials = trials or BUDGETS[name][0]
     arms: dict[str, Any] = {}
-    plan = [("stock", ["warm_stock"]), ("engine", ["autotune", "--policies", "off"]),
-            ("trimmer", ["autotune", "--policies", "trimmer"]),
-            ("trimmer_warm", ["autotune", "--policies", "trimmer", "--warm-start",
-                              str(work_root / name / "trimmer" / "cost_model")]),
-            ("trimmer_warm_run", ["autotune", "--policies", "trimmer", "--warm-start",
-                                  str(work_root / name / "trimmer")])]
-    for arm, args in plan:
+    for arm in ARMS:
         if arm not in chosen or (arm in WARM_ARMS and name != WARM_WORKLOAD):
             continue
         work_dir = work_root / name / arm
-        command = ["bench.arms", args[0], name, str(trials), str(work_dir), *args[1:], "--round-size",
-                   str(round_size), "--target", target, *(["--seed", str(seed)] if seed else [])]
-        saved = _saved_arm(work_dir, command) if resume else None
-        if saved:
-            print(f"[{name}] {arm}: kept from {work_dir / ARM_RESULT}", file=sys.stderr, flush=True)
-            arms[arm] = saved
-            continue
-        shutil.rmtree(work_dir, ignore_errors=True)
-        work_dir.mkdir(parents=True)
-        print(f"[{name}] {arm} ...", file=sys.stderr, flush=True)
-        result, failure = _run_json(command, None)
-        arms[arm] = result or {"failure": failure}
-        if result:
-            write_atomically(work_dir / ARM_RESULT, json.dumps({"command": command, "result": result}))
-        print(f"[{name}] {arm}: wall {arms[arm].get('wall_s')}", file=sys.stderr, flush=True)
+        arms[arm] = run_arm(work_dir, arm_command(name, arm, work_root, work_dir, trials, target, seed), resume)
     if not {"engine", "trimmer"} <= set(arms):
         return {}  # one arm alone: saved for a later --resume run to compare
     dirs = {arm: str(work_root / name / arm / ("" if arm == "stock" else "ranked")) for arm in arms
@@ -103,7 +83,8 @@ def bench_workload(name: str, work_root: Path, target: str = "cpu", chosen: Sequ
     isolated = isolated or {"median": {}, "fastest": {}, "turns": {}}
     rows = {arm: _row(r, isolated["median"].get(arm), isolated["fastest"].get(arm)) for arm, r in arms.items()}
     turns = [isolated["turns"].get(arm) for arm in ("trimmer", "engine")]
-    result = {"description": WORKLOADS[name].description, "trials": trials, "round_size": round_size, "seed": seed,
+    result = {"description": WORKLOADS[name].description, "trials": trials, "round_size": BUDGETS[name][1],
+              "seed": seed,
               "retiming_turns": len(turns[0]) if all(turns) else None, "arms": rows,
               "trimmer_vs_engine": _compare(rows["engine"], rows["trimmer"],
                                             ratio_interval(*turns, block=BLOCK) if all(turns) else None)}
@@ -113,6 +94,37 @@ def bench_workload(name: str, work_root: Path, target: str = "cpu", chosen: Sequ
     if failure:
         result["remeasure_failure"] = failure
     return result
+
+
+def arm_command(name: str, arm: str, work_root: Path, work_dir: Path, trials: int, target: str,
+                seed: int) -> list[str]:
+    """The ``bench.arms`` command line of ``arm`` on workload ``name`` (warm arms start from ``work_root``'s
+    trimmer run); ``seed`` 0 is the engine's default search seed."""
+    first = work_root / name / "trimmer"
+    args = {"stock": ["warm_stock"], "engine": ["autotune", "--policies", "off"],
+            "trimmer": ["autotune", "--policies", "trimmer"],
+            "trimmer_warm": ["autotune", "--policies", "trimmer", "--warm-start", str(first / "cost_model")],
+            "trimmer_warm_run": ["autotune", "--policies", "trimmer", "--warm-start", str(first)]}[arm]
+    return ["bench.arms", args[0], name, str(trials), str(work_dir), *args[1:], "--round-size",
+            str(BUDGETS[name][1]), "--target", target, *(["--seed", str(seed)] if seed else [])]
+
+
+def run_arm(work_dir: Path, command: list[str], resume: bool) -> dict[str, Any]:
+    """Run one arm in its own process and save its result in ``work_dir``; ``resume`` keeps one the same command
+    finished there. Returns the arm's result, or {"failure": why}."""
+    label = f"[{command[2]}] {work_dir.name}"
+    saved = _saved_arm(work_dir, command) if resume else None
+    if saved:
+        print(f"{label}: kept from {work_dir / ARM_RESULT}", file=sys.stderr, flush=True)
+        return saved
+    shutil.rmtree(work_dir, ignore_errors=True)
+    work_dir.mkdir(parents=True)
+    print(f"{label} ...", file=sys.stderr, flush=True)
+    result, failure = _run_json(command, None)
+    if result:
+        write_atomically(work_dir / ARM_RESULT, json.dumps({"command": command, "result": result}))
+    print(f"{label}: wall {(result or {}).get('wall_s')}", file=sys.stderr, flush=True)
+    return result or {"failure": failure}
 
 
 def _saved_arm(work_dir: Path, command: list[str]) -> dict[str, Any] | None:

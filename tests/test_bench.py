@@ -1,5 +1,5 @@
 """Benchmark helpers: the preemption replay, arms kept for a resumed Trimmer benchmark, the re-timing interval,
-the planner benchmark's search gap."""
+the seed spread's pairs, the planner benchmark's search gap."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 import bench.planner
 from bench.remeasure import ratio_interval
 from bench.replay_preemption import replay
+from bench.seed_spread import compare_pairs
 from bench.trimmer import ARM_RESULT, _saved_arm, _spread_table
 from autotune.policies import PolicySettings
 from containers.planner.config import StageConfig, config_cost
@@ -97,6 +98,21 @@ def test_blocks_of_turns_that_shared_a_host_state_widen_the_interval_to_what_the
     lo, hi = ratio_interval(b, a, block=10)
     assert lo < 1.1 == hi  # six states are too few to be sure
     assert ratio_interval(b[:10], a[:10], block=10) == (1.1, 1.1)  # one state: one value
+
+
+def test_the_seed_spread_compares_every_ordered_pair_and_counts_those_within_the_latency_target():
+    # three engine runs re-timed in 20 turns: seed 2 is 5% slower than seed 1, seed 3 1% slower
+    turns = {"1": [[1.0, 1.0, 1.0]] * 20, "2": [[1.05, 1.05, 1.05]] * 20, "3": [[1.01, 1.01, 1.01]] * 20}
+    out = compare_pairs(turns)
+    ratios = {(p["seed"], p["against"]): p["latency_ratio"] for p in out["pairs"]}
+    assert len(ratios) == 6 and ratios[(2, 1)] == pytest.approx(1.05)
+    assert ratios[(1, 2)] == pytest.approx(1 / 1.05, abs=1e-4)
+    # within 1.02: 1/2, 1/3, 3/1, 3/2; not 2/1 (1.05) nor 2/3 (1.04)
+    assert out["summary"]["within_target"] == 4 and out["summary"]["share_within_target"] == pytest.approx(0.667)
+    assert out["summary"]["max"] == pytest.approx(1.05)
+    assert all(p["interval"][0] <= p["latency_ratio"] <= p["interval"][1] for p in out["pairs"])
+    with pytest.raises(SystemExit, match="fewer than two runs"):
+        compare_pairs({"1": turns["1"]})
 
 
 def test_the_search_gap_finds_a_feasible_plan_no_dearer_than_the_greedy_descent(chain, monkeypatch):
