@@ -50,6 +50,7 @@ def spread(name: str, seeds: list[int], work_root: Path, target: str, resume: bo
         raise SystemExit(f"re-timing failed: {failure}")
     turns = {s: t for s, t in retimed["turns"].items() if t}
     return {"description": f"{name}, engine alone, {trials} trials, rounds of {BUDGETS[name][1]}",
+            "date": time.strftime("%Y-%m-%d"),
             "trials": trials, "seeds": seeds, "retiming_turns": len(next(iter(turns.values()), [])),
             "runs": {s: {"final_latency_s": retimed["median"].get(s), "wall_s": r.get("wall_s"),
                          "logged_best_s": (r.get("curve") or [[None, None]])[-1][1],
@@ -93,10 +94,10 @@ def trimmer_pairs(name: str) -> list[float]:
 def write_tables(report: dict[str, Any]) -> None:
     (OUT_DIR / f"{STEM}.json").write_text(json.dumps(report, indent=2))
     limit = TARGETS["latency_ratio"]
-    lines = [f"# Seed spread: the engine against itself ({report['machine']}, {report['date']})", ""]
+    lines = [f"# Seed spread: the engine against itself ({report['machine']})", ""]
     for name, w in report["workloads"].items():
         s = w["summary"]
-        lines += [f"## {w['description']}", "",
+        lines += [f"## {w['description']} ({w.get('date', report['date'])})", "",
                   "| seed | final latency (us, re-timed) | logged best (us) | wall (s) |",
                   "| ---: | ---: | ---: | ---: |"]
         for seed, r in w["runs"].items():

@@ -2,5 +2,6 @@
 checked before native code is loaded), the profile format the planner reads, and reports.
 
 Must not import ``autotune``, ``measure``, ``cost_models`` or ``containers``; they read
-artifacts through this package, not the reverse. ``results/bench/`` holds benchmark tables.
+artifacts through this package, not the reverse. ``results/bench/`` holds benchmark tables, and
+``results/bench/FINDINGS.md`` what each run showed.
 """
