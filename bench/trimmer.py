@@ -84,8 +84,7 @@ def bench_workload(name: str, work_root: Path, target: str = "cpu", chosen: Sequ
     rows = {arm: _row(r, isolated["median"].get(arm), isolated["fastest"].get(arm)) for arm, r in arms.items()}
     turns = [isolated["turns"].get(arm) for arm in ("trimmer", "engine")]
     result = {"description": WORKLOADS[name].description, "trials": trials, "round_size": BUDGETS[name][1],
-              "seed": seed,
-              "retiming_turns": len(turns[0]) if all(turns) else None, "arms": rows,
+              "seed": seed, "retiming_turns": len(turns[0]) if all(turns) else None, "arms": rows,
               "trimmer_vs_engine": _compare(rows["engine"], rows["trimmer"],
                                             ratio_interval(*turns, block=BLOCK) if all(turns) else None)}
     for arm, (key, _) in WARM_ARMS.items():
