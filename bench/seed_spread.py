@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from bench.remeasure import BLOCK, ratio_interval
-from bench.trimmer import BUDGETS, OUT_DIR, TARGETS, _us, arm_command, run_arm
+from bench.trimmer import BUDGETS, OUT_DIR, TARGETS, _setup, _us, arm_command, pooled_runs, run_arm
 from bench.tuning import _run_json
 
 STEM = "seed_spread"
@@ -38,14 +38,11 @@ def spread(name: str, seeds: list[int], work_root: Path, target: str, resume: bo
            trials: int | None = None) -> dict[str, Any]:
     """Run the engine arm on each of ``seeds``, re-time their bests side by side, and compare every pair."""
     trials = trials or BUDGETS[name][0]
-    runs: dict[str, dict[str, Any]] = {}
-    for seed in seeds:
-        work_dir = work_root / name / f"engine-seed{seed}"
-        runs[str(seed)] = run_arm(work_dir, arm_command(name, "engine", work_root, work_dir, trials, target, seed),
-                                  resume)
-    done = [s for s, r in runs.items() if "failure" not in r]
+    dirs = {str(seed): work_root / name / f"engine-seed{seed}" for seed in seeds}
+    runs = {s: run_arm(d, arm_command(name, "engine", work_root, d, trials, target, int(s)), resume)
+            for s, d in dirs.items()}
     retimed, failure = _run_json(["bench.remeasure", "--target", target, name,
-                                  *(f"{s}={work_root / name / f'engine-seed{s}' / 'ranked'}" for s in done)], None)
+                                  *(f"{s}={dirs[s] / 'ranked'}" for s, r in runs.items() if "failure" not in r)], None)
     if not retimed:
         raise SystemExit(f"re-timing failed: {failure}")
     turns = {s: t for s, t in retimed["turns"].items() if t}
@@ -77,18 +74,13 @@ def compare_pairs(turns: dict[str, list[list[float]]]) -> dict[str, Any]:
 
 
 def trimmer_pairs(name: str) -> list[float]:
-    """The latency ratios of the Trimmer benchmark's paired runs of ``name`` under today's rule, to set beside."""
+    """The latency ratios of the Trimmer benchmark's paired runs of ``name`` at the budget and rule of its latest
+    run, to set beside."""
     path = OUT_DIR / "trimmer.json"
-    if not path.exists():
-        return []
-    report = json.loads(path.read_text())
-    runs = [report["workloads"].get(name), *report.get("reruns", {}).get(name, [])]
-    runs = [w for w in runs if w and "targets_met" in w["trimmer_vs_engine"]]
-    if not runs:
-        return []
-    rule = runs[-1]["arms"]["trimmer"].get("preemption", {}).get("rule")
-    return sorted(w["trimmer_vs_engine"]["latency_ratio"] for w in runs
-                  if w["arms"]["trimmer"].get("preemption", {}).get("rule") == rule)
+    report = json.loads(path.read_text()) if path.exists() else {"workloads": {}}
+    runs = [w for w in (report["workloads"].get(name), *report.get("reruns", {}).get(name, [])) if w]
+    pooled = pooled_runs(report).get((name, _setup(runs[-1])), []) if runs else []
+    return sorted(w["trimmer_vs_engine"]["latency_ratio"] for w in pooled)
 
 
 def write_tables(report: dict[str, Any]) -> None:

@@ -246,13 +246,19 @@ def _unlike_main(report: dict[str, Any], name: str, setup: tuple[int, str], tag:
     return f" ({', '.join(parts)})" if parts else ""
 
 
-def _spread_table(report: dict[str, Any]) -> list[str]:
-    """Each workload's run and reruns pooled by budget and rule: one run cannot resolve 2% on a kernel."""
+def pooled_runs(report: dict[str, Any]) -> dict[tuple[str, tuple[int, str]], list[dict[str, Any]]]:
+    """Each workload's compared run and reruns, by (workload, (budget, rule)), in the order they ran."""
     groups: dict[tuple[str, tuple[int, str]], list[dict[str, Any]]] = {}
     for name, first in report["workloads"].items():
         for w in (first, *report.get("reruns", {}).get(name, [])):
             if "targets_met" in w["trimmer_vs_engine"] and w["trimmer_vs_engine"]["latency_ratio"] is not None:
                 groups.setdefault((name, _setup(w)), []).append(w)
+    return groups
+
+
+def _spread_table(report: dict[str, Any]) -> list[str]:
+    """Each workload's run and reruns pooled by budget and rule: one run cannot resolve 2% on a kernel."""
+    groups = pooled_runs(report)
     lines = ["", "Run and reruns pooled by workload, budget and rule (paired runs on other seeds among them): the "
              "spread of the latency ratio is the spread between searches.", "",
              "| workload | runs (seeds) | latency ratio: median (min-max) | device-s saved: median | "
