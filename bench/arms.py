@@ -8,7 +8,8 @@ imported (stock pays that inside its first ``TuneContext``).
 Arms: ``stock`` (``tune_tir`` / ``tune_relax`` with their defaults), ``warm_stock`` (the
 same with a build pool that lives across rounds and imports quickly, so that only
 autotune's measurement remains different), ``autotune`` (our session and engine;
-``--policies trimmer`` adds the candidate filter and preemption, ``--warm-start PATH``
+``--policies trimmer`` adds the candidate filter and preemption, ``--policies preemption``
+preemption alone (what the filter adds shows against it), ``--warm-start PATH``
 starts the latency model from an earlier run). Every arm reports its work: CPU-seconds
 of the arm's process and its children, device-seconds spent measuring, and how many
 measurements never improved a best.
@@ -151,7 +152,8 @@ def autotune(workload: str, trials: int, work_dir: str, *, policies: str = "off"
              warm_start: str | None = None, target_name: str = "cpu", seed: int = 0) -> dict[str, Any]:
     """Our session (budget split, parallel engine, final ranking) on the same workload and budget.
 
-    ``policies``: "off" (the engine alone) or "trimmer" (candidate filter and preemption, defaults).
+    ``policies``: "off" (the engine alone), "trimmer" (candidate filter and preemption, defaults) or
+    "preemption" (preemption alone, at its defaults).
     ``seed``: the search's; runs of both arms on the same seed are paired.
     Both bill with the same meters (NVML on a GPU target), so their energy compares.
     """
@@ -171,8 +173,8 @@ def autotune(workload: str, trials: int, work_dir: str, *, policies: str = "off"
     tasks = _tasks(workload, mod, target)
     plan = split_budget(tasks, trials, floor=8)
     warnings: list[str] = []
-    settings = (PolicySettings(warm_start=(warm_start,) if warm_start else ()) if policies == "trimmer"
-                else PolicySettings(filter=False, preemption=False))
+    settings = PolicySettings(filter=policies == "trimmer", preemption=policies != "off",
+                              warm_start=(warm_start,) if warm_start else ())
     chosen = build_policies(settings, target, spec.num_cores, 0, local_gpu_ids(None, spec.kind, spec.num_cores),
                             warnings.append)
     session, _ = run_tuning(tasks, plan, spec, target, work_dir, round_size=round_size, seed=seed,
@@ -228,7 +230,7 @@ if __name__ == "__main__":
     parser.add_argument("workload", choices=sorted(WORKLOADS))
     parser.add_argument("trials", type=int)
     parser.add_argument("work_dir")
-    parser.add_argument("--policies", choices=("off", "trimmer"), default="off")
+    parser.add_argument("--policies", choices=("off", "trimmer", "preemption"), default="off")
     parser.add_argument("--round-size", type=int, default=None)
     parser.add_argument("--warm-start")
     parser.add_argument("--target", default="cpu")

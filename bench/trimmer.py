@@ -8,6 +8,8 @@ Arms, each in its own process, one after another on the same machine, same budge
            nothing here, see tuning.md), its runner timed for device-seconds
   engine   our session and parallel engine alone (no filter, no preemption)
   trimmer  the same with the candidate filter and preemption at their defaults
+  preemption  the engine with preemption alone, only when --arms names it: what the filter adds
+           shows against it
 For zoo:resnet18 two more arms run the trimmer arm again warm-started from the first trimmer
 run: trimmer_warm from its saved latency model alone, trimmer_warm_run from its run folder (the
 saved model, and its database's best schedules leading each task's first round). Final
@@ -50,7 +52,8 @@ OUT_DIR = Path("results/bench")
 BUDGETS = {"matmul512": (1000, 16), "conv3x3_resnet18": (1000, 16), "mlp": (1152, 16), "resnet18": (2880, 8),
            "bert_layer": (2304, 8)}
 WARM_WORKLOAD = "resnet18"
-ARMS = ("stock", "engine", "trimmer", "trimmer_warm", "trimmer_warm_run")
+ARMS = ("stock", "engine", "trimmer", "preemption", "trimmer_warm", "trimmer_warm_run")
+ABLATION = "preemption"  # the engine with preemption alone: what the filter adds shows against it (asked for by --arms)
 WARM_ARMS = {"trimmer_warm": ("warm_start", "the first trimmer run's saved latency model"),
              "trimmer_warm_run": ("warm_start_run", "the first trimmer run's folder: its saved model, and its "
                                   "database's best schedules leading each task's first round")}  # result key, from
@@ -87,6 +90,10 @@ def bench_workload(name: str, work_root: Path, target: str = "cpu", chosen: Sequ
               "seed": seed, "retiming_turns": len(turns[0]) if all(turns) else None, "arms": rows,
               "trimmer_vs_engine": _compare(rows["engine"], rows["trimmer"],
                                             ratio_interval(*turns, block=BLOCK) if all(turns) else None)}
+    if ABLATION in rows:
+        alone = isolated["turns"].get(ABLATION)
+        interval = ratio_interval(alone, turns[1], block=BLOCK) if alone and turns[1] else None
+        result["preemption_vs_engine"] = _compare(rows["engine"], rows[ABLATION], interval)
     for arm, (key, _) in WARM_ARMS.items():
         if arm in arms:
             result[key] = _warm(arms["trimmer"], arms[arm])
@@ -101,7 +108,7 @@ def arm_command(name: str, arm: str, work_root: Path, work_dir: Path, trials: in
     trimmer run); ``seed`` 0 is the engine's default search seed."""
     first = work_root / name / "trimmer"
     args = {"stock": ["warm_stock"], "engine": ["autotune", "--policies", "off"],
-            "trimmer": ["autotune", "--policies", "trimmer"],
+            "trimmer": ["autotune", "--policies", "trimmer"], "preemption": ["autotune", "--policies", "preemption"],
             "trimmer_warm": ["autotune", "--policies", "trimmer", "--warm-start", str(first / "cost_model")],
             "trimmer_warm_run": ["autotune", "--policies", "trimmer", "--warm-start", str(first)]}[arm]
     return ["bench.arms", args[0], name, str(trials), str(work_dir), *args[1:], "--round-size",
@@ -141,7 +148,7 @@ def _saved_arm(work_dir: Path, command: list[str]) -> dict[str, Any] | None:
     if saved.get("command") != command:
         return None
     rule = saved["result"].get("policies", {}).get("preemption", {}).get("rule")
-    trimmed = "trimmer" in command
+    trimmed = "trimmer" in command or "preemption" in command
     policy = PolicySettings().preemption_policy()
     return None if trimmed and rule not in (policy.rule_for(1), policy.rule_for(2)) else saved["result"]
 
@@ -275,6 +282,30 @@ def _spread_table(report: dict[str, Any]) -> list[str]:
     return lines if groups else []
 
 
+def _ablation_table(runs: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Preemption alone beside filter and preemption, each against the engine arm of the same run."""
+    paired = [(name, w) for name, w in runs if "targets_met" in w.get("preemption_vs_engine", {})]
+    if not paired:
+        return []
+
+    def cells(c: dict[str, Any]) -> str:
+        ratio = "-" if c["latency_ratio"] is None else f"{c['latency_ratio']:.3f}"
+        if c.get("latency_ratio_interval"):
+            ratio += " ({:.3f}-{:.3f})".format(*c["latency_ratio_interval"])
+        met = "all four" if all(c["targets_met"].values()) else "missed " + ", ".join(
+            k for k, v in c["targets_met"].items() if not v)
+        return f"{c['device_s_saving']:.0%} | {c['energy_saving']:.0%} | {ratio} | {met}"
+
+    lines = ["", "Ablation: the engine with preemption alone (no filter) in the same runs, each policy against the "
+             "engine arm, re-timed side by side with it.", "",
+             "| workload | preemption alone: device-s saved | energy saved | latency / engine | targets | "
+             "filter + preemption: device-s saved | energy saved | latency / engine | targets |",
+             "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- |"]
+    lines += [f"| {name} | {cells(w['preemption_vs_engine'])} | {cells(w['trimmer_vs_engine'])} |"
+              for name, w in paired]
+    return lines
+
+
 def _us(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e6:.1f}"
 
@@ -345,6 +376,7 @@ def write_tables(report: dict[str, Any], stem: str = "trimmer") -> None:
                      f"{'-' if c.get('latency_ratio_fastest') is None else format(c['latency_ratio_fastest'], '.3f')} | "
                      f"{'rounds' if _setup(w)[1] == ROUNDS_RULE else 'proposals'} | {met} |")
     lines += _spread_table(report)
+    lines += _ablation_table(runs)
     lines += _warm_table(report["workloads"].get(WARM_WORKLOAD, {}))
     energy = ("Energy: the GPU's own counter (NVML total energy, measured) plus the CPUs' share, estimated "
               "(no RAPL counter readable) as CPU-seconds of every process of the arm x 7.5 W per busy core. "
@@ -374,7 +406,7 @@ def main() -> None:
     parser.add_argument("--workloads", default=",".join(BUDGETS))
     parser.add_argument("--work-root", type=Path, default=Path("results/bench/work/trimmer"))
     parser.add_argument("--target", default="cpu", help="cpu, or cuda on a machine with an NVIDIA GPU")
-    parser.add_argument("--arms", default=",".join(ARMS),
+    parser.add_argument("--arms", default=",".join(a for a in ARMS if a != ABLATION),
                         help="which arms to run; the comparison needs engine and trimmer (others are only saved)")
     parser.add_argument("--rerun", action="store_true",
                         help="keep the recorded results and add these runs as reruns, compared side by side")

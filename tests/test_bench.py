@@ -11,7 +11,7 @@ import bench.planner
 from bench.remeasure import ratio_interval
 from bench.replay_preemption import replay
 from bench.seed_spread import compare_pairs
-from bench.trimmer import ARM_RESULT, _saved_arm, _spread_table
+from bench.trimmer import ARM_RESULT, _ablation_table, _compare, _saved_arm, _spread_table
 from autotune.policies import PolicySettings
 from containers.planner.config import StageConfig, config_cost
 from containers.planner.estimator import Estimator
@@ -45,14 +45,15 @@ def test_a_resumed_benchmark_keeps_only_an_arm_the_same_command_finished(tmp_pat
     (tmp_path / ARM_RESULT).write_text(json.dumps({"command": command, "result": {"wall_s": 1.0}}))
     assert _saved_arm(tmp_path, command) == {"wall_s": 1.0}
     assert _saved_arm(tmp_path, [*command[:3], "320", *command[4:]]) is None  # another budget: run again
-    trimmer = [*command[:-1], "trimmer"]
-    for tasks in (1, 3):  # the default rule, as a job of one task and one of several apply it
-        rule = {"policies": {"preemption": {"rule": PolicySettings().preemption_policy().rule_for(tasks)}}}
-        (tmp_path / ARM_RESULT).write_text(json.dumps({"command": trimmer, "result": rule}))
-        assert _saved_arm(tmp_path, trimmer) == rule
-    (tmp_path / ARM_RESULT).write_text(json.dumps({"command": trimmer, "result": {"policies": {"preemption": {
-        "rule": "task patience 96 proposals (after 32)"}}}}))
-    assert _saved_arm(tmp_path, trimmer) is None  # a trimmer arm under another rule: run again
+    for policies in ("trimmer", "preemption"):  # the arms that preempt
+        preempting = [*command[:-1], policies]
+        for tasks in (1, 3):  # the default rule, as a job of one task and one of several apply it
+            rule = {"policies": {"preemption": {"rule": PolicySettings().preemption_policy().rule_for(tasks)}}}
+            (tmp_path / ARM_RESULT).write_text(json.dumps({"command": preempting, "result": rule}))
+            assert _saved_arm(tmp_path, preempting) == rule
+        (tmp_path / ARM_RESULT).write_text(json.dumps({"command": preempting, "result": {"policies": {"preemption": {
+            "rule": "task patience 96 proposals (after 32)"}}}}))
+        assert _saved_arm(tmp_path, preempting) is None  # an arm that preempted under another rule: run again
     (tmp_path / ARM_RESULT).write_text('{"command": ')  # cut short as it was written
     assert _saved_arm(tmp_path, command) is None
 
@@ -73,6 +74,26 @@ def test_the_pooled_table_spans_the_runs_under_one_rule_and_their_seeds():
     # the run under another rule is pooled apart, labelled by the clause it adds; the median of three is the middle one
     assert rows == ["| matmul512 | 3 (0, 2) | 1.010 (0.980-1.040) | 50% | 50% | 1 of 3 |",
                     "| matmul512 (at least 40%) | 1 (1) | 0.900 (0.900-0.900) | 90% | 90% | 1 of 1 |"]
+
+
+def test_the_ablation_sets_preemption_alone_beside_filter_and_preemption_against_the_same_engine_arm():
+    def arm(device_s: float, energy_j: float, latency_s: float, drop: float | None) -> dict:
+        return {"device_s_measuring": device_s, "energy_j": energy_j, "wall_s": 100.0, "measured": 1000,
+                "final_latency_s": latency_s, "fastest_latency_s": latency_s, "drop_rate": drop,
+                "final_best_drop_rate": drop}
+
+    engine = arm(80.0, 3000.0, 1.0e-3, None)
+    alone = _compare(engine, arm(40.0, 1500.0, 1.01e-3, None))  # half of each, 1% slower: all four
+    both = _compare(engine, arm(24.0, 1200.0, 1.03e-3, 0.01), (1.01, 1.05))  # 70% and 60%, but 3% slower
+    assert alone["targets_met"] == dict.fromkeys(("device_s_saving", "energy_saving", "latency_ratio", "drop_rate"),
+                                                 True)
+    assert both["device_s_saving"] == 0.7 and not both["targets_met"]["latency_ratio"]
+    runs = [("matmul512 (rerun, seed 12)", {"preemption_vs_engine": alone, "trimmer_vs_engine": both}),
+            ("mlp", {"trimmer_vs_engine": both})]  # a run without the ablation arm has no row
+    rows = [line for line in _ablation_table(runs) if line.startswith("| matmul512") or line.startswith("| mlp")]
+    assert rows == ["| matmul512 (rerun, seed 12) | 50% | 50% | 1.010 | all four | "
+                    "70% | 60% | 1.030 (1.010-1.050) | missed latency_ratio |"]
+    assert _ablation_table(runs[1:]) == []
 
 
 def test_the_re_timing_interval_follows_the_paired_turns_not_the_drift_between_them():
