@@ -53,7 +53,7 @@ BUDGETS = {"matmul512": (1000, 16), "conv3x3_resnet18": (1000, 16), "mlp": (1152
            "bert_layer": (2304, 8)}
 WARM_WORKLOAD = "resnet18"
 ARMS = ("stock", "engine", "trimmer", "preemption", "trimmer_warm", "trimmer_warm_run")
-ABLATION = "preemption"  # the engine with preemption alone: what the filter adds shows against it (asked for by --arms)
+ABLATION = "preemption"  # the engine with preemption alone, asked for by --arms: what the filter adds shows against it
 WARM_ARMS = {"trimmer_warm": ("warm_start", "the first trimmer run's saved latency model"),
              "trimmer_warm_run": ("warm_start_run", "the first trimmer run's folder: its saved model, and its "
                                   "database's best schedules leading each task's first round")}  # result key, from
@@ -188,7 +188,8 @@ def _row(arm: dict[str, Any], final_s: float | None, fastest_s: float | None) ->
 
 def _compare(engine: dict[str, Any], trimmer: dict[str, Any],
              interval: tuple[float, float] | None = None) -> dict[str, Any]:
-    """Trimmer against engine; ``interval``: the latency ratio's 95% bootstrap interval from the re-timing turns."""
+    """A policy arm (the trimmer, or the ablation) against the engine; ``interval``: the latency ratio's 95%
+    bootstrap interval from the re-timing turns."""
     if "failure" in engine or "failure" in trimmer:
         return {"note": "an arm failed"}
     saving = lambda k: round(1 - trimmer[k] / engine[k], 3) if engine[k] else None  # noqa: E731
