@@ -283,6 +283,16 @@ def _spread_table(report: dict[str, Any]) -> list[str]:
     return lines if groups else []
 
 
+def _ratio_cell(c: dict[str, Any], turns: int | None = None) -> str:
+    """A comparison's latency ratio with its re-timing interval (and the turns it rests on, where named)."""
+    if c["latency_ratio"] is None:
+        return "-"
+    if not c.get("latency_ratio_interval"):
+        return f"{c['latency_ratio']:.3f}"
+    low, high = c["latency_ratio_interval"]
+    return f"{c['latency_ratio']:.3f} ({low:.3f}-{high:.3f}{f', {turns} turns' if turns else ''})"
+
+
 def _ablation_table(runs: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
     """Preemption alone beside filter and preemption, each against the engine arm of the same run."""
     paired = [(name, w) for name, w in runs if "targets_met" in w.get("preemption_vs_engine", {})]
@@ -290,12 +300,9 @@ def _ablation_table(runs: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
         return []
 
     def cells(c: dict[str, Any]) -> str:
-        ratio = "-" if c["latency_ratio"] is None else f"{c['latency_ratio']:.3f}"
-        if c.get("latency_ratio_interval"):
-            ratio += " ({:.3f}-{:.3f})".format(*c["latency_ratio_interval"])
         met = "all four" if all(c["targets_met"].values()) else "missed " + ", ".join(
             k for k, v in c["targets_met"].items() if not v)
-        return f"{c['device_s_saving']:.0%} | {c['energy_saving']:.0%} | {ratio} | {met}"
+        return f"{c['device_s_saving']:.0%} | {c['energy_saving']:.0%} | {_ratio_cell(c)} | {met}"
 
     lines = ["", "Ablation: the engine with preemption alone (no filter) in the same runs, each policy against the "
              "engine arm, re-timed side by side with it.", "",
@@ -370,10 +377,7 @@ def write_tables(report: dict[str, Any], stem: str = "trimmer") -> None:
         met = ", ".join(k for k, v in c["targets_met"].items() if v) or "none"
         lines.append(f"| {name} | {w['trials']} ({w['round_size']}) | {pct(c['device_s_saving'])} | "
                      f"{pct(c['energy_saving'])} | {pct(c['wall_saving'])} | "
-                     f"{'-' if c['latency_ratio'] is None else format(c['latency_ratio'], '.3f')}"
-                     + ("" if not c.get("latency_ratio_interval") else " ({:.3f}-{:.3f}{})".format(
-                         *c["latency_ratio_interval"], f", {w['retiming_turns']} turns" if w.get("retiming_turns")
-                         else "")) + " | "
+                     f"{_ratio_cell(c, w.get('retiming_turns'))} | "
                      f"{'-' if c.get('latency_ratio_fastest') is None else format(c['latency_ratio_fastest'], '.3f')} | "
                      f"{'rounds' if _setup(w)[1] == ROUNDS_RULE else 'proposals'} | {met} |")
     lines += _spread_table(report)
