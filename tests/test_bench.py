@@ -146,3 +146,13 @@ def test_the_search_gap_finds_a_feasible_plan_no_dearer_than_the_greedy_descent(
     assert gap["gap"] >= 1 and gap["combinations"] == 8 * 12 * 8  # pre and post: 2 sizes x 4 batches; cnn: 3 x 4
     monkeypatch.setattr(bench.planner, "ENUMERATE_MAX", gap["combinations"] - 1)
     assert bench.planner.search_gap(est, 150) is None
+
+
+def test_a_spike_row_says_how_many_of_the_tuners_misses_its_replicas_start_up_costs(chain, monkeypatch):
+    monkeypatch.setattr(bench.planner, "ENUMERATE_MAX", 0)  # the search gap is tested above
+    row = bench.planner.run_case(chain, load=2.0, cv=1.0, spike=True, seed=8, plan_s=20.0, live_s=70.0)
+    tuned = row["methods"]["inferline+tuner"]
+    # the same schedule with replicas serving at once misses fewer: the spike's misses wait on the start-up
+    assert tuned["miss_rate"] > 0.1 and tuned["miss_rate_instant_start"] < tuned["miss_rate"] / 2
+    line = bench.planner._spike_line(bench.planner.summarize([row])["spike_miss_rates"])
+    assert f"{tuned['miss_rate_instant_start']:.1%}" in line and "start in 5 s" in line
