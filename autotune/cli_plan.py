@@ -121,6 +121,11 @@ def plan_simulate(
     pipeline_file: Annotated[Optional[Path], typer.Option("--pipeline", help="pipeline TOML (default: the one the "
                                                                              "plan was made from)")] = None,
     seed: Annotated[int, typer.Option(help="seed of the scale-factor draws")] = 0,
+    startup_s: Annotated[Optional[float], typer.Option("--startup-s", help="with the Tuner: seconds from its ask to "
+                                                       "a new replica serving (default 5, measured on Docker here; "
+                                                       "plan apply reports it)")] = None,
+    tuner_interval: Annotated[Optional[float], typer.Option(help="with the Tuner: seconds between its looks at the "
+                                                                 "traffic (default 1)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
     """Replay a plan over a trace in the Estimator: latency, SLO misses and cost, with or without the Tuner."""
@@ -130,7 +135,8 @@ def plan_simulate(
 
     try:
         plan, pipeline = _plan_and_pipeline(plan_file, pipeline_file)
-        result = simulate_plan(pipeline, plan, read_trace(trace), tuner=tuner, seed=seed)
+        given = {k: v for k, v in (("startup_s", startup_s), ("interval_s", tuner_interval)) if v is not None}
+        result = simulate_plan(pipeline, plan, read_trace(trace), tuner=tuner, seed=seed, **given)
     except ContainerError as err:
         _fail(err)
         return
@@ -186,13 +192,17 @@ def plan_apply(
     for col in ("", "queries", "failed", "p50 ms", "p99 ms", "SLO ms", "miss rate"):
         table.add_column(col, justify="left" if not col else "right")
     rows = [("measured", record["measured"])] + [(key.replace("_", " "), record[key]) for key in
-                                                  ("predicted", "predicted_with_tuner", "predicted_live_schedule")
+                                                  ("predicted", "predicted_with_tuner", "predicted_live_schedule",
+                                                   "predicted_as_served")
                                                   if key in record]
     for label, r in rows:
         fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
         table.add_row(label, str(r.get("queries", "")), str(r.get("failed", "")), fmt(r["p50_ms"]), fmt(r["p99_ms"]),
                       f"{plan.slo_ms:g}", f"{r['miss_rate']:.2%}")
     changes = [c for c in record["replica_changes"] if c["event"] == "asked"]
-    table.caption = (f"p99 error {record.get('p99_error', float('nan')):+.1%}; {len(changes)} replica changes "
-                     f"asked; written to {out}")
+    took = [t for ts in record.get("startup_s", {}).values() for t in ts]
+    table.caption = (f"p99 error {record.get('p99_error', float('nan')):+.1%} (against "
+                     f"{record['compared_with'].replace('_', ' ')}); {len(changes)} replica changes asked"
+                     + (f", new replicas served {min(took):.1f}-{max(took):.1f} s after the ask" if took else "")
+                     + f"; written to {out}")
     Console().print(table)

@@ -162,8 +162,8 @@ def p99(latencies_ms: list[float]) -> float | None:
 
 def live_summary(record: dict[str, Any], folder: Path) -> dict[str, Any]:
     """What the bench keeps of a live run (the per-query lists stay in its live.json)."""
-    keep = ("measured", "predicted", "predicted_with_tuner", "predicted_live_schedule", "compared_with", "p99_error",
-            "batches", "errors", "wall_s", "trace")
+    keep = ("measured", "predicted", "predicted_with_tuner", "predicted_live_schedule", "predicted_as_served",
+            "startup_s", "compared_with", "p99_error", "batches", "errors", "wall_s", "trace")
     changes = [c for c in record["replica_changes"] if c["event"] != "planned"]
     return {**{k: record[k] for k in keep if k in record}, "replica_changes": changes, "record": str(folder / "live.json"),
             "plot": str(folder / "live.png"),
@@ -312,8 +312,20 @@ def live_markdown(live: dict[str, Any]) -> str:
             lines += [f"Step run{tag}: rate x{step['step_factor']:g} from {step['step_at_s']:g} s; the Tuner asked "
                       f"{'; '.join(asked) or 'nothing'}; the last replica joined at {step['scaled_at_s']} s. p99 "
                       f"before the step {step['p99_before_ms']} ms, after it {step['p99_after_ms']} ms, after the "
-                      f"last replica joined {step['p99_after_scaled_ms']} ms.", f"Plots: {steady['plot']}, {step['plot']}."]
+                      f"last replica joined {step['p99_after_scaled_ms']} ms." + _start_up_line(step),
+                      f"Plots: {steady['plot']}, {step['plot']}."]
     return "\n".join(lines + [""])
+
+
+def _start_up_line(step: dict[str, Any]) -> str:
+    """How long the Tuner's replicas took to serve, and the p99 predicted with the Estimator's start-up instead."""
+    took = [t for ts in step.get("startup_s", {}).values() for t in ts]
+    if not took or "predicted_live_schedule" not in step:
+        return ""
+    from containers.planner.estimator import STARTUP_S
+
+    return (f" Its new replicas served {', '.join(f'{t:.1f}' for t in took)} s after the ask (the Estimator assumes "
+            f"{STARTUP_S:g} s: with that, predicted p99 {step['predicted_live_schedule']['p99_ms']} ms).")
 
 
 def write_live(live: dict[str, Any], out_dir: Path) -> None:

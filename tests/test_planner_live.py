@@ -22,14 +22,17 @@ from typer.testing import CliRunner
 
 from autotune.cli import app
 from containers.backends import PERIOD_US
+from containers.planner.batchqueue import ReplicaChange
 from containers.planner.config import StageConfig
 from containers.planner.estimator import Estimator
 from containers.planner.frontend import UNFINISHED, Frontend, LiveQueries, stage_inputs
+from containers.planner.live import served_schedule, start_ups
+from containers.planner.replicas import ReplicaEvent
 from containers.planner.pipeline import Pipeline, Stage, read_pipeline
 from containers.planner.planner import plan_pipeline
 from containers.planner.profiles import ServicePoint, StageProfile
 from containers.planner.trace import gamma_trace, write_trace
-from tests.planner_profiles import CHAIN, CNN, PRE, write_pipeline
+from tests.planner_profiles import CHAIN, CNN, PRE, chain, write_pipeline  # noqa: F401 (chain: a fixture)
 from tests.test_server import build_toy_artifact, running_server
 
 SHARE_TOLERANCE = 0.08
@@ -163,6 +166,36 @@ def test_replicas_join_and_leave_while_queries_flow(toy: Path, tmp_path: Path) -
     assert all(b.done_s <= removed_at for b in queries.batches if b.url in added)
     assert queries.arrival_s.size == arrivals.size and not queries.failed.any()
     assert backend.list() == []
+    asked_at, served_at = replicas.events_[1].t_s, replicas.events_[2].t_s
+    assert start_ups(replicas.events_) == {"m": [pytest.approx(served_at - asked_at, abs=1e-3)]}
+    assert removed_at < replicas.events_[3].t_s + 1.0  # stamped when it left the route, not after its stop
+
+
+def test_start_ups_match_each_serving_replica_to_the_ask_it_answered() -> None:
+    events = [ReplicaEvent(0.0, "m", 1, "planned"), ReplicaEvent(10.0, "m", 4, "asked"),
+              ReplicaEvent(14.0, "m", 2, "serving", "m-1"), ReplicaEvent(15.0, "m", 2, "failed", "m-2", "no port"),
+              ReplicaEvent(15.5, "m", 2, "asked"),  # cancels the newest start still pending (m-3)
+              ReplicaEvent(20.0, "m", 3, "asked"), ReplicaEvent(26.0, "m", 3, "serving", "m-4"),
+              ReplicaEvent(40.0, "m", 1, "asked"), ReplicaEvent(40.1, "m", 2, "removed", "m-4"),
+              ReplicaEvent(40.2, "m", 1, "removed", "m-1")]
+    assert start_ups(events) == {"m": [4.0, 6.0]}
+
+
+def test_the_as_served_schedule_predicts_what_the_asked_one_does_when_replicas_start_as_assumed(chain) -> None:
+    arrivals = gamma_trace(60, 1.0, 40, seed=3)
+    config = {"pre": StageConfig("cpu-1", 1, 1, 0.0), "cnn": StageConfig("cpu-1", 1, 1, 0.0),
+              "post": StageConfig("cpu-1", 1, 1, 0.0)}
+    events = [ReplicaEvent(0.0, "cnn", 1, "planned"), ReplicaEvent(10.0, "cnn", 3, "asked"),
+              ReplicaEvent(15.0, "cnn", 2, "serving", "c-1"), ReplicaEvent(15.0, "cnn", 3, "serving", "c-2"),
+              ReplicaEvent(30.0, "cnn", 1, "asked"), ReplicaEvent(30.0, "cnn", 2, "removed", "c-2"),
+              ReplicaEvent(30.0, "cnn", 1, "removed", "c-1")]
+    asked = [ReplicaChange(e.t_s, e.stage, e.replicas) for e in events if e.event == "asked"]
+    modelled = Estimator(chain, arrivals, seed=4, startup_s=5.0).estimate(config, 200, asked)
+    served = Estimator(chain, arrivals, seed=4, startup_s=0.0).estimate(config, 200, served_schedule(events))
+    np.testing.assert_allclose(served.latencies_ms, modelled.latencies_ms)
+    later = [ReplicaChange(20.0, "cnn", 3), ReplicaChange(30.0, "cnn", 1)]  # had they served 5 s later
+    late = Estimator(chain, arrivals, seed=4, startup_s=0.0).estimate(config, 200, later)
+    assert late.p99_ms > served.p99_ms
 
 
 @pytest.mark.parametrize("case", ["other pipeline", "unprofiled hardware", "not a plan", "not an artifact"])

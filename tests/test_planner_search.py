@@ -202,5 +202,14 @@ def test_the_plan_commands(tmp_path: Path) -> None:
                               "--tuner", "--json"])
     assert sim.exit_code == 0, sim.output
     assert json.loads(sim.output)["replica_changes"] > 0
+    slow = runner.invoke(app, ["plan", "simulate", str(tmp_path / "plan.json"), "--trace", str(tmp_path / "spike.txt"),
+                               "--tuner", "--startup-s", "30", "--tuner-interval", "2", "--json"])
+    assert slow.exit_code == 0, slow.output
+    assert json.loads(slow.output)["miss_rate"] > json.loads(sim.output)["miss_rate"]  # a spike shorter than the start-up is over before help comes
+    for flag, value, says in (("--startup-s", "-1", "start-up must be at least 0 s"),
+                              ("--tuner-interval", "0", "intervals of more than 0 s")):
+        wrong = runner.invoke(app, ["plan", "simulate", str(tmp_path / "plan.json"), "--trace",
+                                    str(tmp_path / "spike.txt"), "--tuner", flag, value])
+        assert wrong.exit_code == 2 and says in wrong.output, wrong.output
     bad = runner.invoke(app, ["plan", "make", str(path), "--trace", str(tmp_path / "trace.txt"), "--slo-ms", "10"])
     assert bad.exit_code == 2 and "5.00 ms over" in bad.output

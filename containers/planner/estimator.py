@@ -109,6 +109,8 @@ class Estimator:
 
     def __init__(self, pipeline: Pipeline, arrivals: np.ndarray, seed: int = 0, startup_s: float = STARTUP_S,
                  cache_bytes: int = 64 << 20, slo_percentile: float = 99.0) -> None:
+        if not startup_s >= 0:
+            raise PlanError(f"a replica's start-up must be at least 0 s; got {startup_s!r}")
         if not 50 <= slo_percentile < 100:
             raise PlanError(f"the SLO percentile must be in [50, 100); got {slo_percentile!r}")
         self.pipeline, self.seed, self.startup_s, self.slo_percentile = pipeline, seed, startup_s, slo_percentile

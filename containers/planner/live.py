@@ -167,9 +167,12 @@ def live_record(plan: Plan, estimator: Estimator, queries: LiveQueries, events: 
     ``predicted`` is the Estimator over the same trace and draws with the plan's replicas fixed
     (per query of the trace in ``queries.predicted_ms``, so runs can be pooled);
     with the Tuner, ``predicted_with_tuner`` lets the simulated Tuner scale, and
-    ``predicted_live_schedule`` replays the replica counts the live Tuner actually asked for.
+    ``predicted_live_schedule`` replays the replica counts the live Tuner actually asked for,
+    each new replica serving the Estimator's start-up after the ask, and ``predicted_as_served``
+    the counts that actually served, when they did (``startup_s``: how long each new replica
+    took, ask to route): it holds the Estimator to what was served, whatever the start-ups were.
     ``p99_error`` is measured over predicted p99 minus one, against the prediction named by
-    ``compared_with`` (the live schedule's when the Tuner ran).
+    ``compared_with`` (the as-served one when the Tuner ran).
     """
     measured = queries.summary(plan.slo_ms)
     estimate = estimator.estimate(plan.stages, plan.slo_ms)
@@ -189,7 +192,10 @@ def live_record(plan: Plan, estimator: Estimator, queries: LiveQueries, events: 
         record["predicted_with_tuner"] = {**_latencies(run.estimate), "replica_changes": len(run.schedule)}
         schedule = [ReplicaChange(e.t_s, e.stage, e.replicas) for e in events if e.event == "asked"]
         record["predicted_live_schedule"] = _latencies(estimator.estimate(plan.stages, plan.slo_ms, schedule))
-        record["compared_with"] = "predicted_live_schedule"
+        as_served = Estimator(estimator.pipeline, estimator.arrivals, seed=estimator.seed, startup_s=0.0)
+        record["predicted_as_served"] = _latencies(as_served.estimate(plan.stages, plan.slo_ms, served_schedule(events)))
+        record["startup_s"] = start_ups(events)
+        record["compared_with"] = "predicted_as_served"
     if measured["p99_ms"] is not None:
         record["p99_error"] = round(measured["p99_ms"] / record[record["compared_with"]]["p99_ms"] - 1, 4)
     record["replica_changes"] = [asdict(e) for e in events]
@@ -199,6 +205,39 @@ def live_record(plan: Plan, estimator: Estimator, queries: LiveQueries, events: 
                          "latency_ms": _ms_list(queries.latency_ms), "failed": queries.failed.tolist(),
                          "predicted_ms": _ms_list(estimate.latencies_ms)}
     return record
+
+
+def served_schedule(events: Sequence[ReplicaEvent]) -> list[ReplicaChange]:
+    """The replica counts that served, as they changed: for an Estimator whose new replicas serve at once."""
+    return [ReplicaChange(e.t_s, e.stage, e.replicas) for e in events if e.event in ("serving", "removed")]
+
+
+def start_ups(events: Sequence[ReplicaEvent]) -> dict[str, list[float]]:
+    """Per stage, how long each replica the Tuner added took to serve: from the ask it answered to its route.
+
+    An ask for more replicas than a stage serves and is starting starts one per count above;
+    an ask for fewer cancels the newest starts first (``ReplicaSet.scale``). Starts are matched
+    to asks in order: the k-th replica to serve (or fail) answers the k-th pending ask.
+    """
+    asked: dict[str, list[float]] = {}
+    out: dict[str, list[float]] = {}
+    have: dict[str, int] = {}
+    for e in events:
+        if e.event == "planned":
+            have[e.stage] = e.replicas
+        elif e.event == "asked":
+            queue = asked.setdefault(e.stage, [])
+            wanted = e.replicas - have.get(e.stage, 0) - len(queue)
+            del queue[len(queue) + min(wanted, 0):]  # fewer asked for: the newest asks are cancelled
+            queue.extend([e.t_s] * max(wanted, 0))
+        elif e.event in ("serving", "failed") and asked.get(e.stage):
+            at = asked[e.stage].pop(0)
+            if e.event == "serving":
+                out.setdefault(e.stage, []).append(round(e.t_s - at, 3))
+            have[e.stage] = e.replicas
+        elif e.event == "removed":
+            have[e.stage] = e.replicas
+    return out
 
 
 def _ms_list(latencies_ms: np.ndarray) -> list[float | None]:

@@ -38,7 +38,8 @@ class ReplicaEvent:
     """A change of a stage's replicas.
 
     Attributes:
-        t_s: on the front end's clock (the trace's; the plan's replicas are at 0).
+        t_s: on the front end's clock (the trace's; the plan's replicas are at 0); a removal is stamped when the
+            replica left the route, before its container was stopped.
         replicas: the count after the change: asked for (``asked``) or serving (the others).
         event: ``planned``, ``asked`` (the Tuner's new count), ``serving`` (a replica added to the route),
             ``removed`` (taken out and stopped), or ``failed`` (a start that did not come up).
@@ -198,6 +199,7 @@ class ReplicaSet:
     def _shrink(self, stage: str, spec: ContainerSpec) -> None:
         """Take one replica out of the route (its batch in hand finishes first), then stop it."""
         self.frontend.remove_replica(stage, spec.url)
+        out_of_route = self.frontend.clock()  # what serving saw; the stop below can take seconds
         try:
             self.backend.stop(spec.name)
             error = None
@@ -205,7 +207,7 @@ class ReplicaSet:
             error = f"stopping it failed: {err}"
         with self._lock:
             self._release(spec)
-            self.events_.append(ReplicaEvent(self.frontend.clock(), stage, len(self.serving_[stage]), "removed",
+            self.events_.append(ReplicaEvent(out_of_route, stage, len(self.serving_[stage]), "removed",
                                              spec.name, error))
 
 

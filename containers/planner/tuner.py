@@ -144,6 +144,8 @@ def simulate_with_tuner(pipeline: Pipeline, plan: Plan, arrivals: np.ndarray, se
 
     New replicas serve ``startup_s`` after the Tuner asks for them (a container starting).
     """
+    if not interval_s > 0:
+        raise PlanError(f"the Tuner must look at the traffic at intervals of more than 0 s; got {interval_s!r}")
     estimator = Estimator(pipeline, arrivals, seed=seed, startup_s=startup_s)
     tuner = Tuner.for_plan(plan, estimator, rho)
     end = float(estimator.arrivals[-1])
