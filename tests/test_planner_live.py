@@ -179,6 +179,13 @@ def test_start_ups_match_each_serving_replica_to_the_ask_it_answered() -> None:
               ReplicaEvent(40.0, "m", 1, "asked"), ReplicaEvent(40.1, "m", 2, "removed", "m-4"),
               ReplicaEvent(40.2, "m", 1, "removed", "m-1")]
     assert start_ups(events) == {"m": [4.0, 6.0]}
+    # an ask far below what serves cancels every pending start, and no more
+    events = [ReplicaEvent(0.0, "m", 3, "planned"), ReplicaEvent(1.0, "m", 6, "asked"), ReplicaEvent(2.0, "m", 1, "asked"),
+              ReplicaEvent(3.0, "m", 5, "asked"), ReplicaEvent(9.0, "m", 2, "serving", "m-9"),
+              ReplicaEvent(9.5, "m", 1, "removed", "m-1"),  # logged once its container stopped, after the asks
+              ReplicaEvent(10.0, "m", 3, "serving", "m-10"), ReplicaEvent(11.0, "m", 4, "serving", "m-11"),
+              ReplicaEvent(12.0, "m", 5, "serving", "m-12")]
+    assert start_ups(events) == {"m": [6.0, 7.0, 8.0, 9.0]}
 
 
 def test_the_as_served_schedule_predicts_what_the_asked_one_does_when_replicas_start_as_assumed(chain) -> None:

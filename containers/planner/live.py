@@ -228,7 +228,9 @@ def start_ups(events: Sequence[ReplicaEvent]) -> dict[str, list[float]]:
         elif e.event == "asked":
             queue = asked.setdefault(e.stage, [])
             wanted = e.replicas - have.get(e.stage, 0) - len(queue)
-            del queue[len(queue) + min(wanted, 0):]  # fewer asked for: the newest asks are cancelled
+            if wanted < 0:  # fewer: the newest starts are cancelled, then replicas serving beyond the count leave
+                del queue[max(0, len(queue) + wanted):]
+                have[e.stage] = min(have.get(e.stage, 0), e.replicas)
             queue.extend([e.t_s] * max(wanted, 0))
         elif e.event in ("serving", "failed") and asked.get(e.stage):
             at = asked[e.stage].pop(0)

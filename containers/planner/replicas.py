@@ -199,7 +199,8 @@ class ReplicaSet:
     def _shrink(self, stage: str, spec: ContainerSpec) -> None:
         """Take one replica out of the route (its batch in hand finishes first), then stop it."""
         self.frontend.remove_replica(stage, spec.url)
-        out_of_route = self.frontend.clock()  # what serving saw; the stop below can take seconds
+        with self._lock:  # what serving saw; the stop below can take seconds
+            out_of_route, left = self.frontend.clock(), len(self.serving_[stage])
         try:
             self.backend.stop(spec.name)
             error = None
@@ -207,8 +208,7 @@ class ReplicaSet:
             error = f"stopping it failed: {err}"
         with self._lock:
             self._release(spec)
-            self.events_.append(ReplicaEvent(out_of_route, stage, len(self.serving_[stage]), "removed",
-                                             spec.name, error))
+            self.events_.append(ReplicaEvent(out_of_route, stage, left, "removed", spec.name, error))
 
 
 def port_free(host: str, port: int) -> bool:
