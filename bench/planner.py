@@ -139,15 +139,16 @@ def run_case(pipeline: Any, load: float, cv: float, spike: bool, seed: int, plan
                                   "p99_ms": round(est.p99_ms, 2), "planned_p99_ms": plan.predicted.p99_ms,
                                   "replicas": {n: c.replicas for n, c in plan.stages.items()},
                                   "planning_s": plan.search["seconds"]}
-    if not isinstance(plans["inferline"], PlanError):
-        tuned = simulate_with_tuner(pipeline, plans["inferline"], live, seed=draws + REPLAY_DRAWS)
+    planned = plans["inferline"]
+    if not isinstance(planned, PlanError):
+        tuned = simulate_with_tuner(pipeline, planned, live, seed=draws + REPLAY_DRAWS)
         row["methods"]["inferline+tuner"] = {"cost_per_hour": round(tuned.cost_per_hour, 5),
                                              "miss_rate": round(tuned.estimate.miss_rate, 5),
                                              "p99_ms": round(tuned.estimate.p99_ms, 2),
                                              "replica_changes": len(tuned.schedule)}
         if spike:  # what the Tuner's misses owe to its replicas' start-up: the same run with replicas serving at once
-            instant = simulate_with_tuner(pipeline, plans["inferline"], live, seed=draws + REPLAY_DRAWS, startup_s=0.0)
-            row["methods"]["inferline+tuner"]["miss_rate_instant_start"] = round(instant.estimate.miss_rate, 5)
+            instant = replay.estimate(planned.stages, planned.slo_ms, tuned.schedule, startup_s=0.0)
+            row["methods"]["inferline+tuner"]["miss_rate_instant_start"] = round(instant.miss_rate, 5)
         if "cost_per_hour" in row["methods"].get("cg-peak", {}):
             row["cost_ratio_vs_cg_peak"] = round(row["methods"]["cg-peak"]["cost_per_hour"]
                                                  / row["methods"]["inferline"]["cost_per_hour"], 2)
@@ -228,6 +229,10 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     rates = [r["estimator_visits_per_s"] for r in rows if r["estimator_visits_per_s"]]
     searched = {n: [r["search"] for r in rows if r["stages"] == n and "search" in r] for n in sorted(by_size)}
     spikes = [r for r in rows if r["spike"] and "miss_rate_instant_start" in r["methods"].get("inferline+tuner", {})]
+
+    def spike_span(method: str, key: str = "miss_rate") -> dict[str, float]:
+        values = [r["methods"][method][key] for r in spikes]
+        return {"min": min(values), "max": max(values)}
     return {
         "cost_ratio_vs_cg_peak": {"min": min(ratios, default=None), "median": statistics.median(ratios) if ratios else None,
                                   "max": max(ratios, default=None)},
@@ -239,21 +244,15 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "search_gap_by_stages": {n: {"gap_max": max(g["gap"] for g in v),
                                      "cost_ratio_at_enumerated_max": max(g["cost_ratio_at_enumerated"] for g in v)}
                                  for n, v in searched.items() if v},
-        "spike_miss_rates": {label: _span([pick(r) for r in spikes]) for label, pick in (
-            ("cg-peak", lambda r: r["methods"]["cg-peak"]["miss_rate"]),
-            ("inferline+tuner", lambda r: r["methods"]["inferline+tuner"]["miss_rate"]),
-            ("inferline+tuner_instant_start", lambda r: r["methods"]["inferline+tuner"]["miss_rate_instant_start"]))
-        } if spikes else None,
+        "spike_miss_rates": {"cg-peak": spike_span("cg-peak"), "inferline+tuner": spike_span("inferline+tuner"),
+                             "inferline+tuner_instant_start": spike_span("inferline+tuner", "miss_rate_instant_start")
+                             } if spikes else None,
         "planning_s_5_stages_max": max(five, default=None),
         "estimator_visits_per_s_median": round(statistics.median(rates)) if rates else None,
         "targets": TARGETS,
         "met": {"cost_ratio_vs_cg_peak": bool(ratios) and statistics.median(ratios) >= TARGETS["cost_ratio_vs_cg_peak"],
                 "planning_s_5_stages": bool(five) and max(five) < TARGETS["planning_s_5_stages"]},
     }
-
-
-def _span(values: list[float]) -> dict[str, float]:
-    return {"min": min(values), "max": max(values)}
 
 
 def markdown(sim: dict[str, Any]) -> str:

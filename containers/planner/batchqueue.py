@@ -146,6 +146,8 @@ def replica_windows(initial: int, changes: Sequence[tuple[float, int]], startup_
     newest slots at once (they finish the batch in hand). A slot retired before it was ready
     never serves.
     """
+    if not startup_s >= 0:
+        raise PlanError(f"a replica's start-up must be at least 0 s; got {startup_s!r}")
     slots: list[list[list[float]]] = [[[0.0, math.inf]] for _ in range(initial)]
     count = initial
     for at, replicas in sorted(changes, key=lambda c: c[0]):

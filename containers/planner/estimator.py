@@ -109,8 +109,6 @@ class Estimator:
 
     def __init__(self, pipeline: Pipeline, arrivals: np.ndarray, seed: int = 0, startup_s: float = STARTUP_S,
                  cache_bytes: int = 64 << 20, slo_percentile: float = 99.0) -> None:
-        if not startup_s >= 0:
-            raise PlanError(f"a replica's start-up must be at least 0 s; got {startup_s!r}")
         if not 50 <= slo_percentile < 100:
             raise PlanError(f"the SLO percentile must be in [50, 100); got {slo_percentile!r}")
         self.pipeline, self.seed, self.startup_s, self.slo_percentile = pipeline, seed, startup_s, slo_percentile
@@ -148,18 +146,20 @@ class Estimator:
         """Queries per second reaching ``stage`` over the trace."""
         return float(self._index[stage].size) / self.span_s
 
-    def estimate(self, config: Config, slo_ms: float, schedule: Sequence[ReplicaChange] = ()) -> Estimate:
-        """Simulate ``config`` (replica counts changing as ``schedule`` says) over the whole trace."""
-        finish, visits, seconds = self._run(config, schedule, None)
+    def estimate(self, config: Config, slo_ms: float, schedule: Sequence[ReplicaChange] = (),
+                 startup_s: float | None = None) -> Estimate:
+        """Simulate ``config`` (replica counts changing as ``schedule`` says, new replicas serving ``startup_s``
+        after a change; None: this Estimator's start-up) over the whole trace."""
+        finish, visits, seconds = self._run(config, schedule, None, self.startup_s if startup_s is None else startup_s)
         return Estimate((finish - self.arrivals) * 1e3, slo_ms, visits, seconds)  # type: ignore[operator]
 
     def feasible(self, config: Config, slo_ms: float) -> bool:
         """Whether ``config``'s SLO percentile meets ``slo_ms``; stops as soon as enough queries are known to miss it."""
-        finish, _, _ = self._run(config, (), slo_ms)
+        finish, _, _ = self._run(config, (), slo_ms, self.startup_s)
         return finish is not None and float(np.percentile((finish - self.arrivals)[~np.isnan(finish)] * 1e3,
                                                           self.slo_percentile)) <= slo_ms
 
-    def _run(self, config: Config, schedule: Sequence[ReplicaChange], stop_ms: float | None
+    def _run(self, config: Config, schedule: Sequence[ReplicaChange], stop_ms: float | None, startup_s: float
              ) -> tuple[np.ndarray | None, int, float]:
         """The time each query finishes (None when stopped early), visits simulated, and wall seconds."""
         check_config(self.pipeline, config)
@@ -175,7 +175,7 @@ class Estimator:
             if key is not None and key in self._cache:
                 done[stage.name] = self._cache[key]
             else:
-                done[stage.name] = self._stage(stage.name, config, done, changes)
+                done[stage.name] = self._stage(stage.name, config, done, changes, startup_s)
                 visits += int(self._index[stage.name].size)
                 if key is not None:
                     if len(self._cache) >= self.cache_size:
@@ -186,8 +186,8 @@ class Estimator:
                 return None, visits, time.perf_counter() - t0
         return finish, visits, time.perf_counter() - t0
 
-    def _stage(self, name: str, config: Config, done: dict[str, np.ndarray], changes: Sequence[ReplicaChange]
-               ) -> np.ndarray:
+    def _stage(self, name: str, config: Config, done: dict[str, np.ndarray], changes: Sequence[ReplicaChange],
+               startup_s: float) -> np.ndarray:
         """When each query finishes at stage ``name`` (NaN where it does not visit), given its parents' results."""
         stage, cfg = self.pipeline.stage(name), config[name]
         idx = self._index[name]
@@ -196,7 +196,7 @@ class Estimator:
         points = [stage.profile.run_point(cfg.hardware, k) for k in range(1, cfg.batch_size + 1)]
         service_s = [0.0] + [p.mean_ms / 1e3 for p in points]
         idle_s = [0.0] + [(p.idle or p).mean_ms / 1e3 for p in points] if any(p.idle for p in points) else None
-        windows = replica_windows(cfg.replicas, [(c.at_s, c.replicas) for c in changes], self.startup_s)
+        windows = replica_windows(cfg.replicas, [(c.at_s, c.replicas) for c in changes], startup_s)
         share = stage.profile.quota_share(cfg.hardware)
         try:
             finished = serve(ready[order].tolist(), service_s, cfg.batch_size, cfg.batch_timeout_ms / 1e3, windows,

@@ -192,8 +192,8 @@ def live_record(plan: Plan, estimator: Estimator, queries: LiveQueries, events: 
         record["predicted_with_tuner"] = {**_latencies(run.estimate), "replica_changes": len(run.schedule)}
         schedule = [ReplicaChange(e.t_s, e.stage, e.replicas) for e in events if e.event == "asked"]
         record["predicted_live_schedule"] = _latencies(estimator.estimate(plan.stages, plan.slo_ms, schedule))
-        as_served = Estimator(estimator.pipeline, estimator.arrivals, seed=estimator.seed, startup_s=0.0)
-        record["predicted_as_served"] = _latencies(as_served.estimate(plan.stages, plan.slo_ms, served_schedule(events)))
+        record["predicted_as_served"] = _latencies(estimator.estimate(plan.stages, plan.slo_ms, served_schedule(events),
+                                                                      startup_s=0.0))
         record["startup_s"] = start_ups(events)
         record["compared_with"] = "predicted_as_served"
     if measured["p99_ms"] is not None:
