@@ -100,6 +100,34 @@ def plan_make(
     print(f"plan written to {out}")
 
 
+@plan_app.command("trace")
+def plan_trace(
+    out: Annotated[Path, typer.Argument(metavar="FILE", help="trace file to write: one time in seconds per line")],
+    rate: Annotated[float, typer.Option(help="mean arrivals per second")],
+    cv: Annotated[float, typer.Option(help="coefficient of variation of the gaps (1: Poisson, above: burstier)")] = 1.0,
+    seconds: Annotated[float, typer.Option(help="how long the trace runs")] = 60.0,
+    spike_rate: Annotated[Optional[float], typer.Option(help="arrivals per second during a spike")] = None,
+    spike_at: Annotated[float, typer.Option(help="with --spike-rate: when the spike starts, seconds")] = 0.0,
+    spike_s: Annotated[float, typer.Option(help="with --spike-rate: how long it lasts, seconds")] = 10.0,
+    seed: Annotated[int, typer.Option(help="seed of the gaps")] = 0,
+) -> None:
+    """Write an arrival trace with gamma gaps (and an optional spike): a sample to plan for, or traffic to replay."""
+    from containers.errors import ContainerError, ScenarioError
+    from containers.planner.trace import gamma_trace, spike_trace, write_trace
+
+    try:
+        for flag, value in (("--rate", rate), ("--cv", cv), ("--seconds", seconds), ("--spike-rate", spike_rate)):
+            if value is not None and not value > 0:
+                raise ScenarioError(f"{flag} must be a positive number; got {value:g}")
+        times = (gamma_trace(rate, cv, seconds, seed) if spike_rate is None
+                 else spike_trace(rate, spike_rate, spike_at, spike_s, seconds, cv, seed))
+        write_trace(out, times)
+    except ContainerError as err:
+        _fail(err)
+        return
+    print(f"{times.size} arrivals over {seconds:g} s ({times.size / seconds:.2f}/s) written to {out}")
+
+
 def _plan_and_pipeline(plan_file: Path, pipeline_file: Path | None) -> tuple[Any, Any]:
     """The plan, and the pipeline it was made from (or ``pipeline_file``), both checked."""
     from containers.errors import PlanError
@@ -166,10 +194,17 @@ def plan_apply(
     duration: Annotated[Optional[float], typer.Option(help="send only the arrivals of the first this many seconds")] = None,
     seed: Annotated[int, typer.Option(help="seed of the scale-factor draws (as the Estimator's)")] = 0,
     base_port: Annotated[int, typer.Option(help="the plan's replicas listen on consecutive ports from here")] = 18700,
+    cores: Annotated[Optional[str], typer.Option(help="cores the replicas are pinned to, like 0,1; the front end "
+                                                      "and load generator then run on the others [default: every "
+                                                      "core, shared with them]")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the record's summary as JSON")] = False,
 ) -> None:
     """Serve a plan live: start its replicas, drive the trace through them, stop them; measured p99 against predicted."""
-    from containers.errors import ContainerError
+    import os
+
+    from autotune.cli import _ints
+    from autotune.errors import AutotuneError
+    from containers.errors import ContainerError, ScenarioError
     from containers.planner.live import apply_plan
     from containers.planner.trace import read_trace
     from results.errors import ArtifactError
@@ -177,10 +212,16 @@ def plan_apply(
     try:
         plan, pipeline = _plan_and_pipeline(plan_file, pipeline_file)
         out = out or Path("runs/live") / plan.pipeline
+        allowed, pinned = os.sched_getaffinity(0), _ints(cores, "--cores")
+        if pinned is not None and not set(pinned) <= allowed:
+            raise ScenarioError(f"--cores {cores} names cores this process may not use; it may use "
+                                f"{','.join(map(str, sorted(allowed)))}")
+        if pinned is not None and allowed - set(pinned):
+            os.sched_setaffinity(0, allowed - set(pinned))
         record = apply_plan(plan, pipeline, read_trace(trace), out, backend=backend, tuner=tuner,
-                            seed=seed, base_port=base_port, duration_s=duration,
+                            seed=seed, base_port=base_port, duration_s=duration, cores=pinned,
                             on_event=(lambda text: None) if as_json else print)
-    except (ContainerError, ArtifactError) as err:
+    except (ContainerError, ArtifactError, AutotuneError) as err:
         _fail(err)
         return
     summary = {k: v for k, v in record.items() if k != "queries"}
@@ -200,9 +241,11 @@ def plan_apply(
         table.add_row(label, str(r.get("queries", "")), str(r.get("failed", "")), fmt(r["p50_ms"]), fmt(r["p99_ms"]),
                       f"{plan.slo_ms:g}", f"{r['miss_rate']:.2%}")
     changes = [c for c in record["replica_changes"] if c["event"] == "asked"]
+    capped = [c for c in record["replica_changes"] if c["event"] == "capped"]
     took = [t for ts in record.get("startup_s", {}).values() for t in ts]
     table.caption = (f"p99 error {record.get('p99_error', float('nan')):+.1%} (against "
                      f"{record['compared_with'].replace('_', ' ')}); {len(changes)} replica changes asked"
+                     + (f", {len(capped)} capped at what the cores hold" if capped else "")
                      + (f", new replicas served {min(took):.1f}-{max(took):.1f} s after the ask" if took else "")
                      + f"; written to {out}")
     Console().print(table)

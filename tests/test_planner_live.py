@@ -9,6 +9,7 @@ session's tuned MLP in containers, plans a two-stage pipeline on it and serves i
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import threading
 import time
@@ -171,6 +172,30 @@ def test_replicas_join_and_leave_while_queries_flow(toy: Path, tmp_path: Path) -
     assert removed_at < replicas.events_[3].t_s + 1.0  # stamped when it left the route, not after its stop
 
 
+def test_an_ask_beyond_what_the_cores_hold_starts_nothing_more_and_says_so(toy: Path, tmp_path: Path) -> None:
+    from containers.backends.base import ContainerSpec
+    from containers.backends.local import LocalBackend
+    from containers.planner.deploy_plan import CorePlacement
+    from containers.planner.replicas import ReplicaSet
+
+    pipeline = _pipeline(toy, [("m", (), 1.0)])
+    config = {"m": StageConfig("cpu-1", 1, 1, 0.0)}
+    frontend = Frontend(pipeline, config, Estimator(pipeline, gamma_trace(10, 1.0, 1.0, seed=5)).visits_,
+                        stage_inputs(pipeline, config))
+    placement = CorePlacement([0])
+    planned = ContainerSpec("live-m-0", toy, 18790, threads=1, cpus=1.0, cpuset=placement.take(1.0))
+    backend = LocalBackend(log_dir=tmp_path)
+    replicas = ReplicaSet(backend, frontend, {"m": [planned]}, placement)
+    try:
+        replicas.scale("m", 3)
+    finally:
+        frontend.close()
+    # not started: nothing serves, and the cores, held by the planned replica, take no other
+    assert [(e.event, e.replicas) for e in replicas.events_] == [("asked", 3), ("capped", 0)]
+    assert "does not fit on cores 0" in (replicas.events_[-1].error or "")
+    assert backend.list() == [] and placement.committed == {0: 1.0}
+
+
 def test_start_ups_match_each_serving_replica_to_the_ask_it_answered() -> None:
     events = [ReplicaEvent(0.0, "m", 1, "planned"), ReplicaEvent(10.0, "m", 4, "asked"),
               ReplicaEvent(14.0, "m", 2, "serving", "m-1"), ReplicaEvent(15.0, "m", 2, "failed", "m-2", "no port"),
@@ -186,6 +211,14 @@ def test_start_ups_match_each_serving_replica_to_the_ask_it_answered() -> None:
               ReplicaEvent(10.0, "m", 3, "serving", "m-10"), ReplicaEvent(11.0, "m", 4, "serving", "m-11"),
               ReplicaEvent(12.0, "m", 5, "serving", "m-12")]
     assert start_ups(events) == {"m": [6.0, 7.0, 8.0, 9.0]}
+
+
+def test_an_ask_the_cores_cannot_hold_leaves_only_the_starts_that_fit_pending() -> None:
+    events = [ReplicaEvent(0.0, "m", 1, "planned"), ReplicaEvent(10.0, "m", 9, "asked"),
+              ReplicaEvent(10.0, "m", 3, "capped", error="does not fit"),  # two started, six never will
+              ReplicaEvent(14.0, "m", 2, "serving", "m-1"), ReplicaEvent(15.0, "m", 3, "serving", "m-2"),
+              ReplicaEvent(30.0, "m", 4, "asked"), ReplicaEvent(36.0, "m", 4, "serving", "m-3")]
+    assert start_ups(events) == {"m": [4.0, 5.0, 6.0]}
 
 
 def test_the_as_served_schedule_predicts_what_the_asked_one_does_when_replicas_start_as_assumed(chain) -> None:
@@ -205,7 +238,8 @@ def test_the_as_served_schedule_predicts_what_the_asked_one_does_when_replicas_s
     assert late.p99_ms > served.p99_ms
 
 
-@pytest.mark.parametrize("case", ["other pipeline", "unprofiled hardware", "not a plan", "not an artifact"])
+@pytest.mark.parametrize("case", ["other pipeline", "unprofiled hardware", "not a plan", "not an artifact",
+                                  "more than the cores hold", "cores not ours"])
 def test_plan_apply_refuses_bad_input_and_starts_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                          case: str) -> None:
     import containers.backends
@@ -223,11 +257,16 @@ def test_plan_apply_refuses_bad_input_and_starts_nothing(tmp_path: Path, monkeyp
         raw["stages"]["cnn"]["hardware"] = "cpu-4"
     elif case == "not a plan":
         raw = {"schema_version": 1}
+    elif case == "more than the cores hold":
+        raw["stages"]["cnn"]["replicas"] = 4 * os.cpu_count()
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(json.dumps(raw))
+    cores = ["--cores", str(max(os.sched_getaffinity(0)) + 1)] if case == "cores not ours" else []
     result = CliRunner().invoke(app, ["plan", "apply", str(plan_file), "--trace", str(trace), "--out",
-                                      str(tmp_path / "run"), "--pipeline", str(pipeline_file)])
+                                      str(tmp_path / "run"), "--pipeline", str(pipeline_file), *cores])
     assert result.exit_code == 2, result.output
+    says = {"more than the cores hold": "cores of quota", "cores not ours": "names cores this process may not use"}
+    assert says.get(case, "") in result.output
     assert created == [] and not (tmp_path / "run" / "live.json").exists()
 
 

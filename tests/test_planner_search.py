@@ -20,7 +20,7 @@ from containers.planner.estimator import Estimator
 from containers.planner.pipeline import read_pipeline
 from containers.planner.plan import read_plan
 from containers.planner.planner import hold_out, initialize, minimize_cost, plan_methods, plan_pipeline
-from containers.planner.trace import gamma_trace, resampled, spike_trace, write_trace
+from containers.planner.trace import gamma_trace, read_trace, resampled, spike_trace, write_trace
 from containers.planner.tuner import TunedStage, Tuner, simulate_with_tuner
 from tests.planner_profiles import CHAIN, CNN, PRE, bimodal, chain, write_pipeline  # noqa: F401
 
@@ -117,7 +117,7 @@ def test_a_plan_that_fits_its_own_draws_is_grown_until_other_draws_meet_the_slo_
 
 def test_plan_specs_give_each_replica_a_container(chain) -> None:
     plan = plan_pipeline(Estimator(chain, gamma_trace(150, 1.0, 20, seed=7)), 150)
-    specs = plan_specs(plan, chain, 19000)
+    specs = plan_specs(plan, chain, 19000, CorePlacement(range(8)))  # more cores than this host may have
     assert len(specs) == sum(c.replicas for c in plan.stages.values())
     assert [s.port for s in specs] == list(range(19000, 19000 + len(specs)))
     cnn = [s for s in specs if s.name.startswith("chain-cnn-")]
@@ -129,14 +129,23 @@ def test_plan_specs_give_each_replica_a_container(chain) -> None:
                                         "post": StageConfig("cpu-0.5", 1, 1)})
     placed = {s.name: s.cpuset for s in plan_specs(small_first, chain, 19000, CorePlacement([4, 5]))}
     assert placed == {"chain-pre-0": (5,), "chain-cnn-0": (4,), "chain-post-0": (5,)}
+    too_big = replace(small_first, stages={**small_first.stages, "cnn": StageConfig("cpu-1", 1, 3)})
+    with pytest.raises(PlanError, match="need 4 cores of quota; cores 4,5 have 2 left"):
+        plan_specs(too_big, chain, 19000, CorePlacement([4, 5]))
 
 
-def test_core_placement_packs_quota_onto_the_least_committed_cores() -> None:
+def test_core_placement_packs_quota_onto_the_least_committed_cores_and_no_core_past_one() -> None:
     placement = CorePlacement([4, 5])
-    assert [placement.take(0.5) for _ in range(4)] == [(4,), (5,), (4,), (5,)]
-    assert placement.take(2) == (4, 5) and placement.committed == {4: 2.0, 5: 2.0}
+    assert [placement.take(0.5) for _ in range(3)] == [(4,), (5,), (4,)] and placement.free == 0.5
+    with pytest.raises(PlanError, match="does not fit on cores 4,5: 0.5 cores of quota are left"):
+        placement.take(1)
+    assert placement.take(0.5) == (5,) and placement.committed == {4: 1.0, 5: 1.0}
+    placement.give_back((4,), 0.5)
     placement.give_back((5,), 0.5)
-    assert placement.take(1) == (5,)
+    for cpus in (1, 2):  # half a core is left on each: enough in all, but a core of quota fits on neither
+        with pytest.raises(PlanError, match="does not fit"):
+            placement.take(cpus)
+    assert placement.take(0.5) == (4,) and placement.committed == {4: 1.0, 5: 0.5}
     with pytest.raises(PlanError, match="needs 3 cores; only 2"):
         placement.take(2.5)
 
@@ -213,3 +222,12 @@ def test_the_plan_commands(tmp_path: Path) -> None:
         assert wrong.exit_code == 2 and says in wrong.output, wrong.output
     bad = runner.invoke(app, ["plan", "make", str(path), "--trace", str(tmp_path / "trace.txt"), "--slo-ms", "10"])
     assert bad.exit_code == 2 and "5.00 ms over" in bad.output
+    made_trace = runner.invoke(app, ["plan", "trace", str(tmp_path / "made.txt"), "--rate", "50", "--cv", "2",
+                                     "--seconds", "10", "--spike-rate", "250", "--spike-at", "4", "--spike-s", "2"])
+    assert made_trace.exit_code == 0, made_trace.output
+    times = read_trace(tmp_path / "made.txt")
+    assert times[-1] < 10 and ((times >= 4) & (times < 6)).sum() / 2 > 3 * ((times < 4) | (times >= 6)).sum() / 8
+    for args, says in ((["--rate", "0"], "--rate must be a positive number"),
+                       (["--rate", "5", "--spike-rate", "9", "--spike-at", "55"], "must lie within the 60 s trace")):
+        wrong = runner.invoke(app, ["plan", "trace", str(tmp_path / "bad.txt"), *args])
+        assert wrong.exit_code == 2 and says in wrong.output and not (tmp_path / "bad.txt").exists(), wrong.output

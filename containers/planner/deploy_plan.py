@@ -5,7 +5,8 @@ quota'd container left free to migrate runs slower than its profile: its CFS run
 handed out per core in slices, and a thread that moves strands what it left behind.
 ``CorePlacement`` packs replicas onto the least-committed cores, by quota, largest first (so
 fractional replicas share a core only up to its one core of quota, and the largest replica
-gets the first cores, where ``autotune profile`` measures).
+gets the first cores, where ``autotune profile`` measures), and refuses a replica that would
+take a core past one core of quota: a plan, or a Tuner's addition, that the cores cannot hold.
 
 Only the mapping; starting the containers, routing queries between stages and applying
 the Tuner's changes belong to whoever holds the backend.
@@ -37,12 +38,25 @@ class CorePlacement:
         if not self.committed:
             raise PlanError("no cores to place replicas on")
 
+    @property
+    def free(self) -> float:
+        """Cores of quota not yet committed (each core holds one)."""
+        return sum(max(0.0, 1.0 - held) for held in self.committed.values())
+
     def take(self, cpus: float) -> tuple[int, ...]:
-        """Cores for a replica of ``cpus`` cores of quota, now committed to it."""
+        """Cores for a replica of ``cpus`` cores of quota, now committed to it.
+
+        Raises:
+            PlanError: it does not fit: a core would hold more than one core of quota, and its
+                replicas would slow each other down past anything their profiles measured.
+        """
         n = max(1, math.ceil(cpus))
         if n > len(self.committed):
             raise PlanError(f"a replica of {cpus:g} cores needs {n} cores; only {len(self.committed)} are available")
         chosen = tuple(sorted(sorted(self.committed, key=lambda c: (self.committed[c], c))[:n]))
+        if any(self.committed[c] + cpus / n > 1.0 + 1e-9 for c in chosen):
+            raise PlanError(f"a replica of {cpus:g} cores does not fit on cores {_cores(self.committed)}: "
+                            f"{self.free:g} cores of quota are left")
         for c in chosen:
             self.committed[c] += cpus / n
         return chosen
@@ -62,8 +76,9 @@ def plan_specs(plan: Plan, pipeline: Pipeline, base_port: int, placement: CorePl
     quota first. Names are ``<pipeline>-<stage>-<replica>``.
 
     Raises:
-        PlanError: the plan is for another pipeline or does not fit it, or a stage is on a GPU,
-            which ``ContainerSpec`` cannot express yet.
+        PlanError: the plan is for another pipeline or does not fit it, a stage is on a GPU
+            (which ``ContainerSpec`` cannot express yet), or its replicas need more quota than
+            ``placement``'s cores have left.
     """
     if plan.pipeline != pipeline.name:
         raise PlanError(f"the plan is for pipeline {plan.pipeline!r}, not {pipeline.name!r}")
@@ -77,7 +92,15 @@ def plan_specs(plan: Plan, pipeline: Pipeline, base_port: int, placement: CorePl
             raise PlanError(f"stage {stage.name} is planned on {cfg.hardware}; only cpu-<cores> replicas can be "
                             "deployed as containers")
         replicas += [(stage, i, cores) for i in range(cfg.replicas)]
+    need = sum(cores for _, _, cores in replicas)
+    if need > placement.free + 1e-9:
+        raise PlanError(f"the plan's replicas need {need:g} cores of quota; cores {_cores(placement.committed)} have "
+                        f"{placement.free:g} left: give them more cores, or plan for less traffic")
     cpusets = {n: placement.take(replicas[n][2]) for n in sorted(range(len(replicas)), key=lambda n: -replicas[n][2])}
     return [ContainerSpec(f"{plan.pipeline}-{stage.name}-{i}", stage.artifact, base_port + n,
                           threads=max(1, math.ceil(cores)), cpus=cores, cpuset=cpusets[n])
             for n, (stage, i, cores) in enumerate(replicas)]
+
+
+def _cores(cores: Sequence[int]) -> str:
+    return ",".join(str(c) for c in cores)

@@ -217,7 +217,8 @@ def start_ups(events: Sequence[ReplicaEvent]) -> dict[str, list[float]]:
 
     An ask for more replicas than a stage serves and is starting starts one per count above;
     an ask for fewer cancels the newest starts first (``ReplicaSet.scale``). Starts are matched
-    to asks in order: the k-th replica to serve (or fail) answers the k-th pending ask.
+    to asks in order: the k-th replica to serve (or fail) answers the k-th pending ask; an ask
+    the cores could not hold (``capped``) leaves only the starts that fit pending.
     """
     asked: dict[str, list[float]] = {}
     out: dict[str, list[float]] = {}
@@ -232,6 +233,8 @@ def start_ups(events: Sequence[ReplicaEvent]) -> dict[str, list[float]]:
                 del queue[max(0, len(queue) + wanted):]
                 have[e.stage] = min(have.get(e.stage, 0), e.replicas)
             queue.extend([e.t_s] * max(wanted, 0))
+        elif e.event == "capped" and asked.get(e.stage):  # what the cores could not hold never starts
+            del asked[e.stage][max(0, e.replicas - have.get(e.stage, 0)):]
         elif e.event in ("serving", "failed") and asked.get(e.stage):
             at = asked[e.stage].pop(0)
             if e.event == "serving":

@@ -11,7 +11,9 @@ served. Every replica is warmed up before it is routed to: it serves requests ba
 for a second, at one item and at its stage's batch size, as ``autotune profile`` warms a
 container before measuring it (the first requests a server sees run several times slower).
 A replica added later is pinned like the planned ones, to the cores a
-``CorePlacement`` finds least committed then; a stopped one gives its cores back.
+``CorePlacement`` finds least committed then; a stopped one gives its cores back. An ask
+for more than the cores can hold starts what fits and records the rest as ``capped``: a
+Tuner that scales to a burst's rate must not pile containers onto cores already full.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from dataclasses import dataclass, replace
 
 from containers.backends.base import HOST, ContainerBackend, ContainerSpec
 from containers.client import InferenceClient
-from containers.errors import ContainerError, ScenarioError
+from containers.errors import ContainerError, PlanError, ScenarioError
 from containers.planner.deploy_plan import CorePlacement
 from containers.planner.frontend import Frontend
 
@@ -42,9 +44,10 @@ class ReplicaEvent:
             replica left the route, before its container was stopped.
         replicas: the count after the change: asked for (``asked``) or serving (the others).
         event: ``planned``, ``asked`` (the Tuner's new count), ``serving`` (a replica added to the route),
-            ``removed`` (taken out and stopped), or ``failed`` (a start that did not come up).
+            ``removed`` (taken out and stopped), ``failed`` (a start that did not come up), or ``capped``
+            (an ask the cores could not hold: ``replicas`` is the count serving and starting after it).
         container: the container it concerns; None for ``planned`` and ``asked``.
-        error: why a start failed, or a stop did not go cleanly.
+        error: why a start failed or an ask was capped, or a stop did not go cleanly.
     """
 
     t_s: float
@@ -110,8 +113,13 @@ class ReplicaSet:
             self.events_.append(ReplicaEvent(self.frontend.clock(), stage, replicas, "asked"))
             starting = [s for s in self._starting[stage] if s.name not in self._cancelled]
             have = len(self.serving_[stage]) + len(starting)
-            for _ in range(replicas - have):
-                spec = self._new_spec(stage)
+            for added in range(replicas - have):
+                try:
+                    spec = self._new_spec(stage)
+                except PlanError as err:  # the cores are full: start what fits, say what did not
+                    self.events_.append(ReplicaEvent(self.frontend.clock(), stage, have + added, "capped",
+                                                     error=str(err)))
+                    break
                 self._starting[stage].append(spec)
                 self._spawn(self._grow, stage, spec)
             for spec in list(reversed(starting))[: max(have - replicas, 0)]:
@@ -156,15 +164,19 @@ class ReplicaSet:
             client.close()
 
     def _new_spec(self, stage: str) -> ContainerSpec:
-        """The stage's next replica: its planned size, the next name and free port (caller holds the lock)."""
+        """The stage's next replica: its planned size, the next name and free port (caller holds the lock).
+
+        Raises:
+            PlanError: ``placement``'s cores cannot hold another replica of the stage's size.
+        """
         template = self.specs[stage][0]
+        cpuset = self.placement.take(template.cpus or 1.0) if self.placement else template.cpuset
         port = max(self._ports) + 1
         while not port_free(template.host, port):
             port += 1
         self._ports.add(port)
         name = f"{template.name.rsplit('-', 1)[0]}-{self._next[stage]}"
         self._next[stage] += 1
-        cpuset = self.placement.take(template.cpus or 1.0) if self.placement else template.cpuset
         return replace(template, name=name, port=port, cpuset=cpuset)
 
     def _release(self, spec: ContainerSpec) -> None:
