@@ -204,6 +204,7 @@ def plan_apply(
 
     from autotune.cli import _ints
     from autotune.errors import AutotuneError
+    from containers.backends import cores_text
     from containers.errors import ContainerError, ScenarioError
     from containers.planner.live import apply_plan
     from containers.planner.trace import read_trace
@@ -215,7 +216,7 @@ def plan_apply(
         allowed, pinned = os.sched_getaffinity(0), _ints(cores, "--cores")
         if pinned is not None and not set(pinned) <= allowed:
             raise ScenarioError(f"--cores {cores} names cores this process may not use; it may use "
-                                f"{','.join(map(str, sorted(allowed)))}")
+                                f"{cores_text(tuple(sorted(allowed)))}")
         if pinned is not None and allowed - set(pinned):
             os.sched_setaffinity(0, allowed - set(pinned))
         record = apply_plan(plan, pipeline, read_trace(trace), out, backend=backend, tuner=tuner,

@@ -18,6 +18,7 @@ import math
 import os
 from collections.abc import Sequence
 
+from containers.backends import cores_text
 from containers.backends.base import ContainerSpec
 from containers.errors import PlanError
 from containers.planner.config import check_config
@@ -55,7 +56,7 @@ class CorePlacement:
             raise PlanError(f"a replica of {cpus:g} cores needs {n} cores; only {len(self.committed)} are available")
         chosen = tuple(sorted(sorted(self.committed, key=lambda c: (self.committed[c], c))[:n]))
         if any(self.committed[c] + cpus / n > 1.0 + 1e-9 for c in chosen):
-            raise PlanError(f"a replica of {cpus:g} cores does not fit on cores {_cores(self.committed)}: "
+            raise PlanError(f"a replica of {cpus:g} cores does not fit on cores {cores_text(tuple(self.committed))}: "
                             f"{self.free:g} cores of quota are left")
         for c in chosen:
             self.committed[c] += cpus / n
@@ -94,13 +95,10 @@ def plan_specs(plan: Plan, pipeline: Pipeline, base_port: int, placement: CorePl
         replicas += [(stage, i, cores) for i in range(cfg.replicas)]
     need = sum(cores for _, _, cores in replicas)
     if need > placement.free + 1e-9:
-        raise PlanError(f"the plan's replicas need {need:g} cores of quota; cores {_cores(placement.committed)} have "
-                        f"{placement.free:g} left: give them more cores, or plan for less traffic")
+        raise PlanError(f"the plan's replicas need {need:g} cores of quota; cores "
+                        f"{cores_text(tuple(placement.committed))} have {placement.free:g} left: give them more "
+                        "cores, or plan for less traffic")
     cpusets = {n: placement.take(replicas[n][2]) for n in sorted(range(len(replicas)), key=lambda n: -replicas[n][2])}
     return [ContainerSpec(f"{plan.pipeline}-{stage.name}-{i}", stage.artifact, base_port + n,
                           threads=max(1, math.ceil(cores)), cpus=cores, cpuset=cpusets[n])
             for n, (stage, i, cores) in enumerate(replicas)]
-
-
-def _cores(cores: Sequence[int]) -> str:
-    return ",".join(str(c) for c in cores)
