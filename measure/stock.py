@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from measure.engine import Candidate, Measurement, MeasurementEngine
+from measure.engine import Candidate, Measurement, MeasurementEngine, median_turn
 from measure.tvm_import import import_meta_schedule
 from measure.workers import CallCost
 
@@ -31,6 +31,12 @@ class StockEngine(MeasurementEngine):
         self._runner = ms.runner.LocalRunner(timeout_sec=run_timeout_s)
 
     def measure(self, target: Any, device_type: str, candidates: Sequence[Candidate]) -> list[Measurement]:
+        return self.measure_isolated(target, device_type, candidates)
+
+    def measure_isolated(self, target: Any, device_type: str, candidates: Sequence[Candidate],
+                         turns: int = 1) -> list[Measurement]:
+        """The stock runner already times one candidate at a time; turns re-run what was built once
+        (a build is a fresh process pool, seconds before its first candidate), each keeping its median turn."""
         from tvm.s_tir.meta_schedule.builder import BuilderInput
         from tvm.s_tir.meta_schedule.runner import RunnerInput
 
@@ -40,23 +46,20 @@ class StockEngine(MeasurementEngine):
             for b, c in zip(built, candidates)
             if b.error_msg is None
         ]
-        runs, run_cost = _with_children_cost(lambda r: [f.result() for f in self._runner.run(r)], runnable)
+        passes, run_cost = _with_children_cost(
+            lambda r: [[f.result() for f in self._runner.run(r)] for _ in range(turns)], runnable)
         self.work["build"].add(build_cost.cpu_s)
         self.work["measure"].add(run_cost.cpu_s, run_cost.wall_s)
-        # The stock runner times candidates one after another in one process: each gets an equal share.
-        share = CallCost(run_cost.wall_s / max(len(runs), 1), (build_cost.cpu_s + run_cost.cpu_s) / max(len(built), 1))
-        futures = iter(runs)
+        # The stock runner times candidates one after another in one process: each run gets an equal share.
+        timed = max(len(runnable) * turns, 1)
+        share = CallCost(run_cost.wall_s / timed, build_cost.cpu_s / max(len(built), 1) + run_cost.cpu_s / timed)
+        runs = iter(zip(*passes))
         results = []
         for b in built:
             if b.error_msg is not None:
                 results.append(Measurement(error=f"build: {b.error_msg}", cpu_s=share.cpu_s))
-                continue
-            r = next(futures)
-            if r.error_msg is not None:
-                results.append(Measurement(error=f"run: {r.error_msg}", device_s=share.wall_s, cpu_s=share.cpu_s))
             else:
-                results.append(Measurement(run_secs=tuple(float(s) for s in r.run_secs), device_s=share.wall_s,
-                                           cpu_s=share.cpu_s))
+                results.append(median_turn([_measurement(r, share) for r in next(runs)]))
         self._remove_artifacts(built)
         return results
 
@@ -69,6 +72,12 @@ class StockEngine(MeasurementEngine):
             if b.artifact_path:
                 shutil.rmtree(os.path.dirname(b.artifact_path), ignore_errors=True)
 
+
+def _measurement(run: Any, share: CallCost) -> Measurement:
+    """One stock ``RunnerResult`` as a ``Measurement`` that carries its share of the round's cost."""
+    if run.error_msg is not None:
+        return Measurement(error=f"run: {run.error_msg}", device_s=share.wall_s, cpu_s=share.cpu_s)
+    return Measurement(run_secs=tuple(float(s) for s in run.run_secs), device_s=share.wall_s, cpu_s=share.cpu_s)
 
 
 def _with_children_cost(fn: Callable[[Any], Any], arg: Any) -> tuple[Any, CallCost]:
