@@ -293,6 +293,7 @@ def test_a_two_stage_plan_served_on_docker_loses_nothing_and_tracks_its_predicti
     live = gamma_trace(rate, 1.0, 8, seed=2)
     record = apply_plan(plan, pipeline, live, tmp_path / "run", backend=docker_backend)
     assert record["measured"]["queries"] == live.size and record["measured"]["failed"] == 0
+    assert 0 < record["frontend"]["cores_used"] < len(os.sched_getaffinity(0))  # this process: front end and load
     assert docker_backend.list() == []
     assert (tmp_path / "run" / "live.json").is_file() and (tmp_path / "run" / "live.png").is_file()
     measured, predicted = record["measured"], record["predicted"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from containers.errors import PlanError
 from containers.planner.config import StageConfig, config_cost
 from containers.planner.deploy_plan import CorePlacement, plan_specs
 from containers.planner.estimator import Estimator
+from containers.planner.live import shared_cores
 from containers.planner.pipeline import read_pipeline
 from containers.planner.plan import read_plan
 from containers.planner.planner import hold_out, initialize, minimize_cost, plan_methods, plan_pipeline
@@ -148,6 +150,15 @@ def test_core_placement_packs_quota_onto_the_least_committed_cores_and_no_core_p
     assert placement.take(0.5) == (4,) and placement.committed == {4: 1.0, 5: 0.5}
     with pytest.raises(PlanError, match="needs 3 cores; only 2"):
         placement.take(2.5)
+
+
+def test_a_live_run_knows_which_cores_its_front_end_shares_with_replicas_and_the_quota_left_there() -> None:
+    mine = sorted(os.sched_getaffinity(0))
+    placement = CorePlacement(mine)
+    assert shared_cores(placement) == {}  # no replica yet
+    placement.take(0.5)
+    assert shared_cores(placement) == {mine[0]: 0.5}
+    assert shared_cores(CorePlacement([max(mine) + 1])) == {}  # cores this process does not run on are not shared
 
 
 # -- the Tuner -----------------------------------------------------------------------------------------------------

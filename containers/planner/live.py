@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import threading
 import time
 from collections import Counter
@@ -41,6 +42,7 @@ SCHEMA_VERSION = 1
 RECORD, PLOT = "live.json", "live.png"
 BASE_PORT = 18700
 DRAIN_S = 30.0  # after the last arrival, how long queries in flight may take before they count as failed
+FRONTEND_MARGIN = 0.1  # cores this process may use past the quota left beside it before a run says so
 
 
 class LiveTuner:
@@ -105,6 +107,7 @@ def apply_plan(plan: Plan, pipeline: Pipeline, arrivals: np.ndarray, out_dir: Pa
         arrivals = check_trace(arrivals[arrivals < duration_s])
     placement = CorePlacement(cores)
     specs = plan_specs(plan, pipeline, base_port, placement)
+    shared = shared_cores(placement)
     for spec in specs:
         check_spec(spec)
         if not port_free(spec.host, spec.port):
@@ -119,7 +122,7 @@ def apply_plan(plan: Plan, pipeline: Pipeline, arrivals: np.ndarray, out_dir: Pa
     replicas.start()
     live_tuner = LiveTuner(Tuner.for_plan(plan, estimator), frontend, replicas, arrivals) if tuner else None
     on_event(f"driving {arrivals.size} queries over {float(arrivals[-1]):.1f} s" + (" with the Tuner" if tuner else ""))
-    started = time.monotonic()
+    started, cpu_started = time.monotonic(), time.process_time()
     try:
         if live_tuner is not None:
             live_tuner.start()
@@ -133,7 +136,14 @@ def apply_plan(plan: Plan, pipeline: Pipeline, arrivals: np.ndarray, out_dir: Pa
             live_tuner.stop()
         replicas.close()
         queries = frontend.close()
-    record = live_record(plan, estimator, queries, replicas.events_, engine.kind, tuner, time.monotonic() - started)
+    wall_s = time.monotonic() - started
+    record = live_record(plan, estimator, queries, replicas.events_, engine.kind, tuner, wall_s)
+    record["frontend"] = {"cores_used": round((time.process_time() - cpu_started) / wall_s, 3),
+                          "shared_cores": sorted(shared), "quota_left_there": round(sum(shared.values()), 3)}
+    if shared and record["frontend"]["cores_used"] > record["frontend"]["quota_left_there"] + FRONTEND_MARGIN:
+        on_event(f"the front end and load generator used {record['frontend']['cores_used']:.2f} cores, on cores "
+                 f"where the plan's replicas left {sum(shared.values()):g} of quota: they took CPU the replicas' "
+                 "profiles had to themselves; replicas pinned to cores of their own (--cores) keep them apart")
     write_atomically(out_dir / RECORD, json.dumps(record, indent=2) + "\n")
     from containers.planner.liveplot import plot_live
 
@@ -141,6 +151,16 @@ def apply_plan(plan: Plan, pipeline: Pipeline, arrivals: np.ndarray, out_dir: Pa
     on_event(f"done: p99 {record['measured']['p99_ms']} ms measured, {record[record['compared_with']]['p99_ms']} ms "
              f"predicted; {record['measured']['failed']} of {record['measured']['queries']} queries failed")
     return record
+
+
+def shared_cores(placement: CorePlacement) -> dict[int, float]:
+    """The cores this process (front end, load generator, Tuner) shares with the replicas, and the quota left on each.
+
+    Each replica was profiled alone on its cores; the Estimator assumes it still has them, so
+    what this process uses beyond the quota left there is time taken from the replicas.
+    """
+    mine = os.sched_getaffinity(0)
+    return {c: max(0.0, 1.0 - held) for c, held in placement.committed.items() if held > 0 and c in mine}
 
 
 @contextmanager
