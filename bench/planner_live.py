@@ -27,7 +27,7 @@ import math
 import platform
 import shutil
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,19 +47,21 @@ LIVE_TARGET_P99_ERROR = 0.10
 LIVE_STEADY_REPEATS = 3  # one live run's p99 moved by 25% between two runs of the same plan and trace
 
 
-def write_live_pipeline(folder: Path, max_cores: float) -> Path:
-    """The two-stage pipeline file; each stage limited to its container-measured sizes of at most ``max_cores``, if any."""
+def write_live_pipeline(folder: Path, max_cores: float, min_cores: float = 0.0) -> Path:
+    """The two-stage pipeline file; each stage limited to its container-measured sizes from ``min_cores`` to
+    ``max_cores``, if any."""
     lines = ['name = "bench-live"']
     for i, name in enumerate(LIVE_STAGES):
         art = (QOE_ARTIFACTS / name / "artifact").resolve()
         entries = json.loads((art / "profile.json").read_text())["entries"]
         limits = sorted({e["hardware"]["cpu_limit"] for e in entries
-                         if e["hardware"].get("cpu_limit") is not None and e["hardware"]["cpu_limit"] <= max_cores})
+                         if e["hardware"].get("cpu_limit") is not None
+                         and min_cores <= e["hardware"]["cpu_limit"] <= max_cores})
         lines += ["", "[[stages]]", f'name = "{name}"', f'artifact = "{art}"',
                   f"parents = {json.dumps([LIVE_STAGES[i - 1]] if i else [])}"]
         if limits:
             lines.append(f"hardware = {json.dumps([f'cpu-{c:g}' for c in limits])}")
-    path = folder / f"bench-live-{max_cores:g}.toml"
+    path = folder / (f"bench-live-{max_cores:g}.toml" if not min_cores else f"bench-live-{min_cores:g}-{max_cores:g}.toml")
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -114,18 +116,21 @@ def _planned(pipeline: Any, load: float, seed: int) -> tuple[float, float, Any] 
         return None
 
 
-def size_steady(pipeline: Any, cores: float, seed: int) -> dict[str, Any]:
+def size_steady(pipelines: Sequence[Any], cores: float, seed: int) -> dict[str, Any]:
     """The highest load whose plan gives every replica a core of its own within ``cores``, with its plan and a
     fresh trace of it: the Estimator, as InferLine's, gives each replica its own hardware, and replicas packed
-    onto one core slow each other down."""
+    onto one core slow each other down. At each load the pipelines are tried in order: where half-core replicas
+    serve as much per core as whole ones, the planner takes them, and then needs more cores than it pays for."""
     from containers.planner.trace import gamma_trace
 
     for load in LIVE_LOADS:
-        if (found := _planned(pipeline, load, seed)) and plan_cores(found[2], whole=True) <= cores:
-            rate, slo, plan = found
-            return {"load": load, "rate_per_s": round(rate, 3), "slo_ms": slo, "plan": plan,
-                    "trace": gamma_trace(rate, 1.0, max(LIVE_RUN_S, LIVE_QUERIES / rate), seed + 1)}
-    raise SystemExit(f"no load in {LIVE_LOADS} gives a plan within {cores:g} cores for {pipeline.name}")
+        for pipeline in pipelines:
+            if (found := _planned(pipeline, load, seed)) and plan_cores(found[2], whole=True) <= cores:
+                rate, slo, plan = found
+                return {"load": load, "rate_per_s": round(rate, 3), "slo_ms": slo, "plan": plan,
+                        "hardware": {s.name: list(s.hardware) for s in pipeline.stages},
+                        "trace": gamma_trace(rate, 1.0, max(LIVE_RUN_S, LIVE_QUERIES / rate), seed + 1)}
+    raise SystemExit(f"no load in {LIVE_LOADS} gives a plan within {cores:g} cores for {pipelines[0].name}")
 
 
 def size_step(pipeline: Any, cores: float, seed: int) -> dict[str, Any] | None:
@@ -197,9 +202,11 @@ def run_live(out_dir: Path, seed: int = 7, rerun: bool = False) -> dict[str, Any
     small = read_pipeline(write_live_pipeline(WORK, LIVE_STEP_MAX_CORES))
     every = sorted(os.sched_getaffinity(0))
     client, cores = every[-CLIENT_CORES:], float(len(every))
-    steady, step = size_steady(pipeline, cores, seed), size_step(small, cores, seed)
+    whole = read_pipeline(write_live_pipeline(WORK, LIVE_MAX_CORES, min_cores=1.0))
+    steady, step = size_steady([pipeline, whole], cores, seed), size_step(small, cores, seed)
     live: dict[str, Any] = {"pipeline": {s.name: str(s.artifact) for s in pipeline.stages},
                             "hardware": {s.name: list(s.hardware) for s in pipeline.stages},
+                            "steady_hardware": steady["hardware"],
                             "step_hardware": {s.name: list(s.hardware) for s in small.stages}, "cores": cores,
                             "client_cores": client,
                             "targets": {"p99_error": LIVE_TARGET_P99_ERROR}, "host": platform.node(),
