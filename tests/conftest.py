@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -25,6 +25,27 @@ def small_config(out: Path, trials: int = SMALL_TRIALS) -> TuneConfig:
     """zoo:mlp at batch 1: three tasks, two trials each, short profile."""
     return TuneConfig(model="zoo:mlp", out_dir=out, trials=trials, batch_sizes=(1,), round_size=2,
                       trial_floor=2, profile_seconds=0.2)
+
+
+def pre_tuned_context(mod: Any, target: Any, max_trials: int, per_round: int) -> tuple[Any, list[Any]]:
+    """A kernel's tuning context, ``pre_tuning``'d with an evolutionary search as the session does, and its
+    design spaces: what ``autotune.search.TaskSearch`` draws from. Call ``post_tuning`` on it when done."""
+    from measure.tvm_import import import_meta_schedule
+
+    ms = import_meta_schedule()
+    ctx = ms.TuneContext(mod=mod, target=target, space_generator="post-order-apply", search_strategy="evolutionary",
+                         task_name="kernel", rand_state=0, num_threads=1)
+    spaces = ctx.generate_design_space()
+    ctx.pre_tuning(max_trials=max_trials, num_trials_per_iter=per_round, design_spaces=spaces,
+                   database=ms.database.MemoryDatabase(), cost_model=ms.cost_model.RandomModel())
+    return ctx, spaces
+
+
+def schedule_hash(candidate: Any) -> int:
+    """A measure candidate's structural hash: how a search tells schedules it has seen."""
+    import tvm_ffi
+
+    return tvm_ffi.structural_hash(candidate.sch.mod)
 
 
 @pytest.fixture(scope="session")

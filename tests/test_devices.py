@@ -103,27 +103,17 @@ def test_the_cuda_target_carries_what_the_search_space_needs(tmp_path):
     from autotune.target import cuda_target_config
     from measure.build import build_candidate
     from measure.kernels import kernel
-    from measure.tvm_import import import_meta_schedule
+    from tests.conftest import pre_tuned_context, schedule_hash
 
-    ms = import_meta_schedule()
     target = tvm.target.Target(cuda_target_config("9.0", 1024, 49152, 32, 2))
-    ctx = ms.TuneContext(mod=kernel("matmul512"), target=target, space_generator="post-order-apply",
-                         search_strategy="evolutionary", task_name="matmul512", rand_state=0, num_threads=1)
-    spaces = ctx.generate_design_space()
-    ctx.pre_tuning(max_trials=2, num_trials_per_iter=2, design_spaces=spaces, database=ms.database.MemoryDatabase(),
-                   cost_model=ms.cost_model.RandomModel())
+    ctx, spaces = pre_tuned_context(kernel("matmul512"), target, 9, 8)
     search = TaskSearch(ctx, spaces, seed=0)
     proposal = search.propose(8, [], set(), None, guided=False)
     assert proposal.kind == "sampled" and len(proposal.candidates) == 8
-    assert len(search.propose(1, [], {_hash(c) for c in proposal.candidates}, None, guided=False).candidates) == 1
+    seen = {schedule_hash(c) for c in proposal.candidates}
+    assert len(search.propose(1, [], seen, None, guided=False).candidates) == 1
     ctx.post_tuning()
     assert os.path.getsize(build_candidate(proposal.candidates[0].sch.mod, target, str(tmp_path))) > 0
-
-
-def _hash(candidate) -> int:
-    import tvm_ffi
-
-    return tvm_ffi.structural_hash(candidate.sch.mod)
 
 
 def _free_port() -> int:

@@ -7,23 +7,17 @@ import math
 import pytest
 
 from autotune.search import EXPLORE_SHARE, GUIDE_TAU, POOL_FACTOR, TaskSearch, trusts_model
+from tests.conftest import pre_tuned_context, schedule_hash as _hash
 
 
 @pytest.fixture(scope="module")
 def task():
     """A 512x512 matmul's tuning context on the host CPU, pre-tuned as the session does, and its design spaces."""
-    from measure.kernels import kernel
-    from measure.tvm_import import import_meta_schedule
-
-    ms = import_meta_schedule()
     import tvm
 
-    ctx = ms.TuneContext(mod=kernel("matmul512"), target=tvm.target.Target({"kind": "llvm", "num-cores": 2}),
-                         space_generator="post-order-apply", search_strategy="evolutionary", task_name="mm",
-                         rand_state=0, num_threads=1)
-    spaces = ctx.generate_design_space()
-    ctx.pre_tuning(max_trials=64, num_trials_per_iter=8, design_spaces=spaces,
-                   database=ms.database.MemoryDatabase(), cost_model=ms.cost_model.RandomModel())
+    from measure.kernels import kernel
+
+    ctx, spaces = pre_tuned_context(kernel("matmul512"), tvm.target.Target({"kind": "llvm", "num-cores": 2}), 64, 8)
     yield ctx, spaces
     ctx.post_tuning()
 
@@ -31,12 +25,6 @@ def task():
 @pytest.fixture(scope="module")
 def search(task):
     return TaskSearch(*task, seed=0)
-
-
-def _hash(c) -> int:
-    import tvm_ffi
-
-    return tvm_ffi.structural_hash(c.sch.mod)
 
 
 def _decisions(c) -> set[str]:

@@ -138,11 +138,12 @@ def apply_plan(plan: Plan, pipeline: Pipeline, arrivals: np.ndarray, out_dir: Pa
         queries = frontend.close()
     wall_s = time.monotonic() - started
     record = live_record(plan, estimator, queries, replicas.events_, engine.kind, tuner, wall_s)
-    record["frontend"] = {"cores_used": round((time.process_time() - cpu_started) / wall_s, 3),
-                          "shared_cores": sorted(shared), "quota_left_there": round(sum(shared.values()), 3)}
-    if shared and record["frontend"]["cores_used"] > record["frontend"]["quota_left_there"] + FRONTEND_MARGIN:
-        on_event(f"the front end and load generator used {record['frontend']['cores_used']:.2f} cores, on cores "
-                 f"where the plan's replicas left {sum(shared.values()):g} of quota: they took CPU the replicas' "
+    used, left = (time.process_time() - cpu_started) / wall_s, sum(shared.values())
+    record["frontend"] = {"cores_used": round(used, 3), "shared_cores": sorted(shared),
+                          "quota_left_there": round(left, 3)}
+    if shared and used > left + FRONTEND_MARGIN:
+        on_event(f"the front end and load generator used {used:.2f} cores, on cores "
+                 f"where the plan's replicas left {left:g} of quota: they took CPU the replicas' "
                  "profiles had to themselves; replicas pinned to cores of their own (--cores) keep them apart")
     write_atomically(out_dir / RECORD, json.dumps(record, indent=2) + "\n")
     from containers.planner.liveplot import plot_live
