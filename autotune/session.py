@@ -28,7 +28,7 @@ from autotune.search import DIRECTED, PARENTS, Proposal, TaskSearch, trusts_mode
 from autotune.tasks import Task
 from cost_models.candidate_filter import CandidateFilter, MeasureAll, Selection
 from cost_models.energy import EnergyLedger
-from cost_models.latency_model import is_trained, score
+from cost_models.latency_model import features_reused, is_trained, score
 from cost_models.preemption import NeverPreempt, Preemption, TaskRound
 from cost_models.quality import RankQuality
 from measure.engine import Candidate, Measurement, MeasurementEngine, PhaseWork
@@ -197,7 +197,7 @@ class TuningSession:
             "filter": self.candidate_filter.report(self.tuning_best_s()),
             "preemption": {**self.preemption.report(), "job_stopped": self.stop_reason or None,
                            "tasks_stopped": {s.task.name: s.stopped for s in self.states if s.stopped}},
-            "latency_model": self.quality.report(),
+            "latency_model": {**self.quality.report(), "features": features_reused(self.cost_model)},
             "search_rounds": dict(self._rounds_by_kind),
             "seeded_from_earlier_jobs": dict(self._seeded),
         }

@@ -13,10 +13,12 @@ starts the next job warm, so its first rounds are not random guesses.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
 import tempfile
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,7 @@ class CostModelRefused(Exception):
     """A saved model or database that cannot start this job's model; the message says why."""
 
 
+FEATURES_KEPT = 8192  # schedules whose features are remembered (a few KB each: tens of MB at most)
 SCORING_SAMPLES = 32  # proposals are scored once the model has learned from this many measurements
 WARMUP_SAMPLES = 32  # and MetaSchedule's search gets its predictions from then on (its default waits for 100)
 
@@ -45,15 +48,59 @@ def create_latency_model(num_cores: int, seed: int = 0, warmup_samples: int = WA
     """
     from tvm.s_tir.meta_schedule.cost_model import XGBModel
     from tvm.s_tir.meta_schedule.cost_model.xgb_model import XGBConfig
-    from tvm.s_tir.meta_schedule.feature_extractor import PerStoreFeature
 
     return XGBModel(
-        extractor=PerStoreFeature(),
+        extractor=remembered_features(),
         adaptive_training=True,
         num_tuning_cores=num_cores,
         num_warmup_samples=warmup_samples,
         config=XGBConfig(seed=seed),
     )
+
+
+def remembered_features(kept: int = FEATURES_KEPT) -> Any:
+    """MetaSchedule's per-store features, computed once per schedule of a job.
+
+    Featurising is most of the search's CPU (a third of it on a ResNet-18 convolution), and a
+    third of what is asked for was featurised before: MetaSchedule's search featurises its
+    whole population each round, its best measured schedules again every time; a round's
+    proposals are featurised to score them, and the measured ones again to train on. So the
+    features of the last ``kept`` schedules are remembered, by the schedule's structural hash
+    (and the target kind, which the features depend on). ``hits`` and ``misses`` count lookups.
+    """
+    return _remembered_features_class()(kept)
+
+
+@functools.cache
+def _remembered_features_class() -> type:
+    import tvm_ffi
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.feature_extractor import PerStoreFeature, PyFeatureExtractor
+
+    @derived_object
+    class RememberedFeatures(PyFeatureExtractor):
+        def __init__(self, kept: int) -> None:
+            self.kept, self.hits, self.misses = kept, 0, 0
+            self._inner = PerStoreFeature()
+            self._features: OrderedDict[tuple[str, int], Any] = OrderedDict()
+
+        def extract_from(self, context: Any, candidates: list[Any]) -> list[Any]:
+            kind = context.target.kind.name if context.target is not None else ""
+            keys = [(kind, tvm_ffi.structural_hash(c.sch.mod)) for c in candidates]
+            new = {k: c for k, c in zip(keys, candidates) if k not in self._features}
+            if new:
+                for key, features in zip(new, self._inner.extract_from(context, list(new.values()))):
+                    self._features[key] = features
+            self.misses += len(new)
+            self.hits += len(keys) - len(new)
+            for key in keys:
+                self._features.move_to_end(key)
+            out = [self._features[k] for k in keys]
+            while len(self._features) > self.kept:
+                self._features.popitem(last=False)
+            return out
+
+    return RememberedFeatures
 
 
 def target_key(target: Any) -> str:
@@ -80,6 +127,12 @@ def score(model: Any, context: Any, candidates: Sequence[Any]) -> list[float]:
         return [0.0] * len(candidates)
     features = [x.numpy().astype("float32") for x in inner.extractor.extract_from(context, candidates)]
     return [float(v) for v in inner._predict(xs=features)]
+
+
+def features_reused(model: Any) -> dict[str, int] | None:
+    """How many schedules the model featurised and how many featurisations it was spared (None: it forgets)."""
+    extractor = getattr(model._inst.extractor, "_inst", None)
+    return {"computed": extractor.misses, "reused": extractor.hits} if hasattr(extractor, "hits") else None
 
 
 def samples(model: Any) -> int:
