@@ -61,8 +61,8 @@ def create_latency_model(num_cores: int, seed: int = 0, warmup_samples: int = WA
 def remembered_features(kept: int = FEATURES_KEPT) -> Any:
     """MetaSchedule's per-store features, computed once per schedule of a job.
 
-    Featurising is most of the search's CPU (a third of it on a ResNet-18 convolution), and a
-    third of what is asked for was featurised before: MetaSchedule's search featurises its
+    Featurising is a third of the search's CPU on a ResNet-18 convolution, and a third of
+    what is asked for was featurised before: MetaSchedule's search featurises its
     whole population each round, its best measured schedules again every time; a round's
     proposals are featurised to score them, and the measured ones again to train on. So the
     features of the last ``kept`` schedules are remembered, by the schedule's structural hash
