@@ -49,6 +49,18 @@ def schedule_hash(candidate: Any) -> int:
 
 
 @pytest.fixture(scope="session")
+def matmul_task() -> Iterator[tuple[Any, list[Any]]]:
+    """A 512x512 matmul's tuning context on the host CPU, pre-tuned as the session does, and its design spaces."""
+    import tvm
+
+    from measure.kernels import kernel
+
+    ctx, spaces = pre_tuned_context(kernel("matmul512"), tvm.target.Target({"kind": "llvm", "num-cores": 2}), 64, 8)
+    yield ctx, spaces
+    ctx.post_tuning()
+
+
+@pytest.fixture(scope="session")
 def tuned_run(tmp_path_factory: pytest.TempPathFactory) -> TuneOutcome:
     return tune_model(small_config(tmp_path_factory.mktemp("run") / "mlp"), SilentProgress())
 

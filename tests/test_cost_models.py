@@ -271,35 +271,29 @@ def trained_model(tuned_run):
     return model, target, learned
 
 
-def test_a_schedule_is_featurised_once_and_its_features_are_the_extractor_s_own():
+def test_a_schedule_is_featurised_once_and_its_features_are_the_extractor_s_own(matmul_task):
     import numpy as np
-    import tvm
     from tvm.s_tir.meta_schedule.feature_extractor import PerStoreFeature
     from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate
 
     from autotune.search import TaskSearch
     from cost_models.latency_model import remembered_features
-    from measure.kernels import kernel
-    from tests.conftest import pre_tuned_context
 
-    ctx, spaces = pre_tuned_context(kernel("matmul512"), tvm.target.Target({"kind": "llvm", "num-cores": 2}), 16, 8)
-    try:
-        drawn = TaskSearch(ctx, spaces, seed=0).propose(6, [], set(), None, False).candidates
-        copies = [MeasureCandidate(c.sch.copy(), c.args_info) for c in drawn[:3]]  # the same schedules, new objects
-        fresh = [f.numpy() for f in PerStoreFeature().extract_from(ctx, drawn)]
-        features = remembered_features()
-        first = features.extract_from(ctx, drawn[:4])
-        second = features.extract_from(ctx, copies + drawn[4:])
-        assert (features._inst.misses, features._inst.hits) == (6, 3)
-        for got, want in zip([f.numpy() for f in first + second[3:]] + [f.numpy() for f in second[:3]],
-                             fresh + fresh[:3]):
-            assert np.array_equal(got, want)
-        small = remembered_features(kept=2)
-        small.extract_from(ctx, drawn[:4])
-        small.extract_from(ctx, drawn[:1])  # forgotten: only the last two are kept
-        assert (small._inst.misses, small._inst.hits, len(small._inst._features)) == (5, 0, 2)
-    finally:
-        ctx.post_tuning()
+    ctx, spaces = matmul_task
+    drawn = TaskSearch(ctx, spaces, seed=0).propose(6, [], set(), None, False).candidates
+    copies = [MeasureCandidate(c.sch.copy(), c.args_info) for c in drawn[:3]]  # the same schedules, new objects
+    fresh = [f.numpy() for f in PerStoreFeature().extract_from(ctx, drawn)]
+    features = remembered_features()
+    first = features.extract_from(ctx, drawn[:4])
+    second = features.extract_from(ctx, copies + drawn[4:])
+    assert (features._inst.misses, features._inst.hits) == (6, 3)
+    for got, want in zip([f.numpy() for f in first + second[3:]] + [f.numpy() for f in second[:3]],
+                         fresh + fresh[:3]):
+        assert np.array_equal(got, want)
+    small = remembered_features(kept=2)
+    small.extract_from(ctx, drawn[:4])
+    small.extract_from(ctx, drawn[:1])  # forgotten: only the last two are kept
+    assert (small._inst.misses, small._inst.hits, len(small._inst._features)) == (5, 0, 2)
 
 
 def test_a_database_warm_starts_the_model(trained_model, tuned_run):

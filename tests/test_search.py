@@ -7,19 +7,12 @@ import math
 import pytest
 
 from autotune.search import EXPLORE_SHARE, GUIDE_TAU, POOL_FACTOR, TaskSearch, trusts_model
-from tests.conftest import pre_tuned_context, schedule_hash as _hash
+from tests.conftest import schedule_hash as _hash
 
 
 @pytest.fixture(scope="module")
-def task():
-    """A 512x512 matmul's tuning context on the host CPU, pre-tuned as the session does, and its design spaces."""
-    import tvm
-
-    from measure.kernels import kernel
-
-    ctx, spaces = pre_tuned_context(kernel("matmul512"), tvm.target.Target({"kind": "llvm", "num-cores": 2}), 64, 8)
-    yield ctx, spaces
-    ctx.post_tuning()
+def task(matmul_task):
+    return matmul_task
 
 
 @pytest.fixture(scope="module")
