@@ -80,6 +80,9 @@ def tune(
                                                        "of the budget (a task's; the live tasks' mean)")] = _POLICY.patience_share,
     solo_patience_share: Annotated[float, typer.Option(help="the same share in a job of one task, whose stop "
                                                             "hands no trials over")] = _POLICY.solo_patience_share,
+    patience_counts: Annotated[str, typer.Option(help="what task patience and model window count: proposals, or "
+                                                      "only measurements (a filtered search then waits as long in "
+                                                      "what it learns from, and saves less)")] = _POLICY.patience_counts,
     warm_start: Annotated[Optional[list[Path]], typer.Option(
         help="start from an earlier job (repeatable): a saved latency model, or a tuning database, run folder or "
              "artifact, whose best schedules also lead each matching task's first round")] = None,
@@ -105,7 +108,8 @@ def tune(
             policies=PolicySettings(filter, filter_threshold, filter_keep, filter_explore, filter_min_tau,
                                     filter_trust_rounds, preemption,
                                     task_patience, min_task_trials, model_window, min_improvement,
-                                    patience_share, solo_patience_share, watts_per_core, price_per_hour,
+                                    patience_share, solo_patience_share, patience_counts, watts_per_core,
+                                    price_per_hour,
                                     tuple(str(p) for p in warm_start or ())),
         )
         observer = SilentProgress() if quiet or as_json else LiveProgress()

@@ -39,6 +39,7 @@ class PolicySettings:
     min_improvement: float = PlateauPreemption.min_improvement
     patience_share: float = PlateauPreemption.patience_share
     solo_patience_share: float = PlateauPreemption.solo_patience_share
+    patience_counts: str = PlateauPreemption.counts
     watts_per_core: float = DEFAULT_WATTS_PER_CORE
     price_per_hour: float | None = None
     warm_start: tuple[str, ...] = ()
@@ -65,7 +66,7 @@ class PolicySettings:
         if not self.preemption:
             return NeverPreempt()
         return PlateauPreemption(self.task_patience, self.min_task_trials, self.model_window, self.min_improvement,
-                                 self.patience_share, self.solo_patience_share)
+                                 self.patience_share, self.solo_patience_share, self.patience_counts)
 
 
 @dataclass

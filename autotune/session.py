@@ -269,7 +269,7 @@ class TuningSession:
                                           dict(zip(plan.selection.measure, improved)), plan.trained,
                                           dict(zip(plan.selection.measure, latencies)), state.task.name)
             rounds.append(TaskRound(state.task.name, best_before, state.best_s, state.proposed, plan.kind in DIRECTED,
-                                    state.task.weight, state.planned))
+                                    state.task.weight, state.planned, state.trials))
             if state.remaining == 0:
                 self._finish(state, searches)
         decision = self.preemption.after_round(rounds, self.model_latency_s())

@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 from bench.workloads import WORKLOADS, kernel, model_relax
+from cost_models.preemption import COUNTS
 
 
 def _setup(workload: str, target_name: str) -> tuple[Any, Any]:
@@ -149,11 +150,12 @@ def _warm_builder(workers: int) -> Any:
 
 
 def autotune(workload: str, trials: int, work_dir: str, *, policies: str = "off", round_size: int | None = None,
-             warm_start: str | None = None, target_name: str = "cpu", seed: int = 0) -> dict[str, Any]:
+             warm_start: str | None = None, target_name: str = "cpu", seed: int = 0,
+             patience_counts: str = "proposals") -> dict[str, Any]:
     """Our session (budget split, parallel engine, final ranking) on the same workload and budget.
 
     ``policies``: "off" (the engine alone), "trimmer" (candidate filter and preemption, defaults) or
-    "preemption" (preemption alone, at its defaults).
+    "preemption" (preemption alone, at its defaults); ``patience_counts``: what preemption's patience counts.
     ``seed``: the search's; runs of both arms on the same seed are paired.
     Both bill with the same meters (NVML on a GPU target), so their energy compares.
     """
@@ -174,7 +176,7 @@ def autotune(workload: str, trials: int, work_dir: str, *, policies: str = "off"
     plan = split_budget(tasks, trials, floor=8)
     warnings: list[str] = []
     settings = PolicySettings(filter=policies == "trimmer", preemption=policies != "off",
-                              warm_start=(warm_start,) if warm_start else ())
+                              patience_counts=patience_counts, warm_start=(warm_start,) if warm_start else ())
     chosen = build_policies(settings, target, spec.num_cores, 0, local_gpu_ids(None, spec.kind, spec.num_cores),
                             warnings.append)
     session, _ = run_tuning(tasks, plan, spec, target, work_dir, round_size=round_size, seed=seed,
@@ -235,10 +237,12 @@ if __name__ == "__main__":
     parser.add_argument("--warm-start")
     parser.add_argument("--target", default="cpu")
     parser.add_argument("--seed", type=int, default=0, help="the search's seed (our arms)")
+    parser.add_argument("--patience-counts", choices=COUNTS, default=COUNTS[0], help="what preemption's patience counts")
     args = parser.parse_args()
     if args.arm == "autotune":
         out = autotune(args.workload, args.trials, args.work_dir, policies=args.policies, round_size=args.round_size,
-                       warm_start=args.warm_start, target_name=args.target, seed=args.seed)
+                       warm_start=args.warm_start, target_name=args.target, seed=args.seed,
+                       patience_counts=args.patience_counts)
     else:
         out = stock(args.workload, args.trials, args.work_dir, warm=args.arm == "warm_stock", target_name=args.target)
     print(json.dumps(out))

@@ -40,6 +40,7 @@ from bench.remeasure import BLOCK, ratio_interval
 from bench.tuning import _run_json
 from bench.workloads import WORKLOADS
 from containers.atomic import write_atomically
+from cost_models.preemption import COUNTS
 
 OUT_DIR = Path("results/bench")
 # (trials, round size): the kernels 1000 trials and the MLP 1152 (24 rounds of each of its three tasks), long
@@ -62,10 +63,12 @@ TARGETS = {"device_s_saving": 0.40, "energy_saving": 0.40, "latency_ratio": 1.02
 
 
 def bench_workload(name: str, work_root: Path, target: str = "cpu", chosen: Sequence[str] = ARMS,
-                   trials: int | None = None, resume: bool = False, seed: int = 0) -> dict[str, Any]:
+                   trials: int | None = None, resume: bool = False, seed: int = 0,
+                   counts: str = COUNTS[0]) -> dict[str, Any]:
     """Run ``chosen`` arms on ``name`` (``resume``: keep arms a run of the same command finished), then compare.
 
     ``seed`` is our arms' search seed: the engine and trimmer arms of one run share it (a paired run).
+    ``counts``: what the preempting arms' patience counts (proposals or measurements).
 
     Returns {} when the engine or the trimmer arm is not among them: the arms run are only saved.
     """
@@ -75,7 +78,8 @@ def bench_workload(name: str, work_root: Path, target: str = "cpu", chosen: Sequ
         if arm not in chosen or (arm in WARM_ARMS and name != WARM_WORKLOAD):
             continue
         work_dir = work_root / name / arm
-        arms[arm] = run_arm(work_dir, arm_command(name, arm, work_root, work_dir, trials, target, seed), resume)
+        arms[arm] = run_arm(work_dir, arm_command(name, arm, work_root, work_dir, trials, target, seed, counts),
+                            resume)
     if not {"engine", "trimmer"} <= set(arms):
         return {}  # one arm alone: saved for a later --resume run to compare
     dirs = {arm: str(work_root / name / arm / ("" if arm == "stock" else "ranked")) for arm in arms
@@ -103,16 +107,17 @@ def bench_workload(name: str, work_root: Path, target: str = "cpu", chosen: Sequ
 
 
 def arm_command(name: str, arm: str, work_root: Path, work_dir: Path, trials: int, target: str,
-                seed: int) -> list[str]:
+                seed: int, counts: str = COUNTS[0]) -> list[str]:
     """The ``bench.arms`` command line of ``arm`` on workload ``name`` (warm arms start from ``work_root``'s
-    trimmer run); ``seed`` 0 is the engine's default search seed."""
+    trimmer run); ``seed`` 0 is the engine's default search seed, ``counts`` the default patience's unit."""
     first = work_root / name / "trimmer"
     args = {"stock": ["warm_stock"], "engine": ["autotune", "--policies", "off"],
             "trimmer": ["autotune", "--policies", "trimmer"], "preemption": ["autotune", "--policies", "preemption"],
             "trimmer_warm": ["autotune", "--policies", "trimmer", "--warm-start", str(first / "cost_model")],
             "trimmer_warm_run": ["autotune", "--policies", "trimmer", "--warm-start", str(first)]}[arm]
     return ["bench.arms", args[0], name, str(trials), str(work_dir), *args[1:], "--round-size",
-            str(BUDGETS[name][1]), "--target", target, *(["--seed", str(seed)] if seed else [])]
+            str(BUDGETS[name][1]), "--target", target, *(["--seed", str(seed)] if seed else []),
+            *(["--patience-counts", counts] if counts != COUNTS[0] and arm != "engine" and arm != "stock" else [])]
 
 
 def run_arm(work_dir: Path, command: list[str], resume: bool) -> dict[str, Any]:
@@ -136,8 +141,8 @@ def run_arm(work_dir: Path, command: list[str], resume: bool) -> dict[str, Any]:
 def _saved_arm(work_dir: Path, command: list[str]) -> dict[str, Any] | None:
     """The result an earlier run of ``command`` left in ``work_dir``, or None.
 
-    A trimmer arm runs the default preemption, which its command does not name: one that ran
-    under another rule (as a job of one task or of several applies it) is not kept.
+    A trimmer arm runs the default preemption (in the unit its command names), which its command does
+    not spell out: one that ran under another rule (as a job of one task or of several applies it) is not kept.
     """
     from autotune.policies import PolicySettings
 
@@ -149,7 +154,8 @@ def _saved_arm(work_dir: Path, command: list[str]) -> dict[str, Any] | None:
         return None
     rule = saved["result"].get("policies", {}).get("preemption", {}).get("rule")
     trimmed = "trimmer" in command or "preemption" in command
-    policy = PolicySettings().preemption_policy()
+    counts = command[command.index("--patience-counts") + 1] if "--patience-counts" in command else COUNTS[0]
+    policy = PolicySettings(patience_counts=counts).preemption_policy()
     return None if trimmed and rule not in (policy.rule_for(1), policy.rule_for(2)) else saved["result"]
 
 
@@ -236,6 +242,11 @@ def _warm(first: dict[str, Any], warm: dict[str, Any]) -> dict[str, Any]:
 
 
 ROUNDS_RULE = "patience counted in rounds"  # runs before the rule was recorded: Trimmer's flat-batch count, in rounds
+
+
+def _counted_in(rule: str) -> str:
+    """What a preemption rule's patience counts."""
+    return "rounds" if rule == ROUNDS_RULE else next(unit for unit in (*COUNTS[1:], COUNTS[0]) if f" {unit} " in rule)
 
 
 def _setup(result: dict[str, Any]) -> tuple[int, str]:
@@ -379,7 +390,7 @@ def write_tables(report: dict[str, Any], stem: str = "trimmer") -> None:
                      f"{pct(c['energy_saving'])} | {pct(c['wall_saving'])} | "
                      f"{_ratio_cell(c, w.get('retiming_turns'))} | "
                      f"{'-' if c.get('latency_ratio_fastest') is None else format(c['latency_ratio_fastest'], '.3f')} | "
-                     f"{'rounds' if _setup(w)[1] == ROUNDS_RULE else 'proposals'} | {met} |")
+                     f"{_counted_in(_setup(w)[1])} | {met} |")
     lines += _spread_table(report)
     lines += _ablation_table(runs)
     lines += _warm_table(report["workloads"].get(WARM_WORKLOAD, {}))
@@ -418,6 +429,8 @@ def main() -> None:
     parser.add_argument("--trials", type=int, help="override each workload's trial budget (its round size kept)")
     parser.add_argument("--seed", type=int, default=0,
                         help="our arms' search seed (with --rerun: a paired run on another seed)")
+    parser.add_argument("--patience-counts", choices=COUNTS, default=COUNTS[0],
+                        help="what the trimmer arms' preemption patience counts: proposals, or measurements only")
     parser.add_argument("--resume", action="store_true",
                         help="keep each arm that an earlier run of the same command finished (its work folder's "
                              f"{ARM_RESULT}): a killed benchmark goes on from the arm it was in, and one arm can "
@@ -439,7 +452,7 @@ def main() -> None:
                    "date": time.strftime("%Y-%m-%d"), "targets": TARGETS})
     for name in names:
         result = bench_workload(name, args.work_root / args.target, args.target, chosen, args.trials, args.resume,
-                                args.seed)
+                                args.seed, args.patience_counts)
         if not result:
             print(f"[{name}] arms {', '.join(chosen)} saved; the comparison needs engine and trimmer (--resume)",
                   file=sys.stderr)

@@ -17,7 +17,7 @@ they would have to gain 3% between them, where each is allowed 1%, and the job w
 while its tasks were still improving (ResNet-18 at 2880 trials did, with three live
 convolutions gaining 4% over its last 400 s).
 
-Both rules count proposals, not rounds. Trimmer counts flat batches of its tuner's
+Both rules count proposals, not rounds, by default. Trimmer counts flat batches of its tuner's
 measurements (more than two); our rounds are an engine setting (8 to 32 a task), and a
 rule in rounds would stop a task after 24 flat proposals at one round size and 96 at
 another. The defaults come from the gaps between the gains of our kernel
@@ -29,6 +29,12 @@ its first long gap. matmul512 at 1000 trials gained 3.5% after 221 flat measurem
 one engine run, and 96 flat proposals stopped its trimmer run 14% short (README,
 Preemption). A quarter of the budget keeps that gain and stops both 1000-trial engine
 logs at 42-56% of their measurements; at 320 trials or fewer a task's patience stays 96.
+
+``counts="measurements"`` counts only what was measured: a proposal the candidate filter
+dropped unbuilt taught the search nothing, so a filtered search waits as long, in what it
+learns from, as an unfiltered one. Counted in proposals, the matmul's trimmer runs at 1000
+trials stopped after 271-501 measurements, where the engine's own search still gained about
+1% (README, Preemption); counted in measurements, a job stops later and saves less.
 
 A job of one task waits longer: ``solo_patience_share`` (40%) of its budget. Its task's stop
 is the job's, and no trials are handed over, so all a stop buys is energy, paid for in
@@ -52,6 +58,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+COUNTS = ("proposals", "measurements")  # what preemption's patience can count
+
+
 @dataclass(frozen=True)
 class TaskRound:
     """What one round did for one task."""
@@ -63,6 +72,7 @@ class TaskRound:
     directed: bool = True  # proposed from what was measured (evolved or model-guided), not drawn at random
     weight: float = 1.0  # the task's calls per model run: its best counts this many times in the estimate
     budget: int = 0  # the task's planned trial budget (not counting trials handed over from stopped tasks)
+    measured: int | None = None  # of the proposals, those measured (None: all of them)
 
 
 @dataclass(frozen=True)
@@ -103,10 +113,11 @@ class PlateauPreemption(Preemption):
     min_improvement: float = 0.01
     patience_share: float = 0.25
     solo_patience_share: float = 0.4
+    counts: str = "proposals"  # what patience and the window count: "proposals" or "measurements"
     name: str = field(default="plateau", init=False)
     _task_flat: dict[str, _Plateau] = field(default_factory=dict, init=False)
     _model_flat: _Plateau = field(init=False)
-    _proposed: dict[str, int] = field(default_factory=dict, init=False)
+    _counted: dict[str, int] = field(default_factory=dict, init=False)
     _history: list[float] = field(default_factory=list, init=False)
     _live_index: float = field(default=1.0, init=False)  # the live part of the estimate, chained over rounds
     stopped: dict[str, str] = field(default_factory=dict, init=False)
@@ -120,18 +131,21 @@ class PlateauPreemption(Preemption):
                             ("--solo-patience-share", self.solo_patience_share)):
             if not 0 <= share < 1:
                 raise ValueError(f"{flag} must be between 0 and 1; got {share}")
+        if self.counts not in COUNTS:
+            raise ValueError(f"--patience-counts must be one of {', '.join(COUNTS)}; got {self.counts!r}")
         self._model_flat = _Plateau(self.min_improvement)
 
     def after_round(self, rounds: Sequence[TaskRound], model_latency_s: float) -> Decision:
         stop = {}
         new = 0
         for r in rounds:
-            fresh, self._proposed[r.task] = r.proposed - self._proposed.get(r.task, 0), r.proposed
+            counted = r.measured if self.counts == "measurements" and r.measured is not None else r.proposed
+            fresh, self._counted[r.task] = counted - self._counted.get(r.task, 0), counted
             new += fresh
             flat = self._task_flat.setdefault(r.task, _Plateau(self.min_improvement))
             flat.advance(r.best_after_s, fresh if r.directed else 0)
-            if flat.proposals >= self._patience(self.task_patience, r.budget) and r.proposed >= self.min_task_trials:
-                stop[r.task] = self.stopped[r.task] = f"no gain in its last {flat.proposals} proposals"
+            if flat.since_gain >= self._patience(self.task_patience, r.budget) and r.proposed >= self.min_task_trials:
+                stop[r.task] = self.stopped[r.task] = f"no gain in its last {flat.since_gain} {self.counts}"
         if math.isfinite(model_latency_s):
             self._history.append(model_latency_s)
             live_before = sum(r.weight * r.best_before_s for r in rounds)
@@ -139,13 +153,13 @@ class PlateauPreemption(Preemption):
                 self._live_index *= sum(r.weight * r.best_after_s for r in rounds) / live_before
             self._model_flat.advance(self._live_index, new / max(len(rounds), 1))
             mean_budget = sum(r.budget for r in rounds) / max(len(rounds), 1)
-            if self._model_flat.proposals >= self._patience(self.model_window, mean_budget):
-                return Decision(stop, f"estimated model latency flat over the last {self._model_flat.proposals:.0f} "
-                                      "proposals per live task")
+            if self._model_flat.since_gain >= self._patience(self.model_window, mean_budget):
+                return Decision(stop, f"estimated model latency flat over the last {self._model_flat.since_gain:.0f} "
+                                      f"{self.counts} per live task")
         return Decision(stop)
 
     def _patience(self, floor: int, budget: float) -> float:
-        return max(floor, self._share(len(self._proposed)) * budget)
+        return max(floor, self._share(len(self._counted)) * budget)
 
     def _share(self, tasks: int) -> float:
         """Every task of a job is in its first round, so a job of one task is known from then on."""
@@ -158,12 +172,13 @@ class PlateauPreemption(Preemption):
     @property
     def rule(self) -> str:
         """The rule as this job applies it (before its first round, as a job of several tasks would)."""
-        return self.rule_for(len(self._proposed))
+        return self.rule_for(len(self._counted))
 
     def rule_for(self, tasks: int) -> str:
         """The rule as a job of ``tasks`` tasks applies it."""
-        rule = (f"task patience {self.task_patience} proposals (after {self.min_task_trials}), model window "
-                f"{self.model_window} proposals a task on the live tasks' part, gain > {self.min_improvement:.0%}")
+        unit = self.counts
+        rule = (f"task patience {self.task_patience} {unit} (after {self.min_task_trials}), model window "
+                f"{self.model_window} {unit} a task on the live tasks' part, gain > {self.min_improvement:.0%}")
         share = self._share(tasks)
         return rule + (f", both at least {share:.0%} of the planned budget" if share else "") + (
             " (a job of one task)" if tasks == 1 and share != self.patience_share else "")
@@ -171,14 +186,14 @@ class PlateauPreemption(Preemption):
 
 @dataclass
 class _Plateau:
-    """Proposals since a value last fell by more than ``min_improvement`` below where it last fell."""
+    """Proposals (or measurements) since a value last fell by more than ``min_improvement`` below where it last fell."""
 
     min_improvement: float
     reference: float = math.inf
-    proposals: float = 0
+    since_gain: float = 0
 
-    def advance(self, value: float, proposals: float) -> None:
+    def advance(self, value: float, counted: float) -> None:
         if value < self.reference * (1 - self.min_improvement):  # the first finite value is a gain
-            self.reference, self.proposals = value, 0
+            self.reference, self.since_gain = value, 0
         else:
-            self.proposals += proposals
+            self.since_gain += counted

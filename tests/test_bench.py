@@ -54,6 +54,11 @@ def test_a_resumed_benchmark_keeps_only_an_arm_the_same_command_finished(tmp_pat
         (tmp_path / ARM_RESULT).write_text(json.dumps({"command": preempting, "result": {"policies": {"preemption": {
             "rule": "task patience 96 proposals (after 32)"}}}}))
         assert _saved_arm(tmp_path, preempting) is None  # an arm that preempted under another rule: run again
+        by_measurements = [*preempting, "--patience-counts", "measurements"]
+        rule = {"policies": {"preemption": {"rule": PolicySettings(
+            patience_counts="measurements").preemption_policy().rule_for(1)}}}
+        (tmp_path / ARM_RESULT).write_text(json.dumps({"command": by_measurements, "result": rule}))
+        assert _saved_arm(tmp_path, by_measurements) == rule  # the rule its command names
     (tmp_path / ARM_RESULT).write_text('{"command": ')  # cut short as it was written
     assert _saved_arm(tmp_path, command) is None
 

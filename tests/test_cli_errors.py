@@ -51,6 +51,8 @@ def assert_usage_error(proc: subprocess.CompletedProcess, *phrases: str) -> None
         (["zoo:mlp", "--task-patience", "-1"], ["--task-patience must be an integer of at least 1; got -1"]),
         (["zoo:mlp", "--model-window", "0"], ["--model-window must be an integer of at least 1; got 0"]),
         (["zoo:mlp", "--patience-share", "1"], ["--patience-share must be between 0 and 1; got 1.0"]),
+        (["zoo:mlp", "--patience-counts", "rounds"],
+         ["--patience-counts must be one of proposals, measurements; got 'rounds'"]),
         (["zoo:mlp", "--price-per-hour", "-2"], ["--price-per-hour must be zero or more; got -2.0"]),
         (["zoo:mlp", "--warm-start", "/nonexistent/run"], ["--warm-start /nonexistent/run does not exist"]),
     ],

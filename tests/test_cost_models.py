@@ -12,7 +12,7 @@ from autotune.errors import UsageError
 from autotune.policies import PolicySettings, start_latency_model
 from cost_models.candidate_filter import MeasureAll, TrimmerFilter
 from cost_models.energy import EnergyLedger, RaplMeter, gpu_meter
-from cost_models.preemption import NeverPreempt, PlateauPreemption, TaskRound
+from cost_models.preemption import COUNTS, NeverPreempt, PlateauPreemption, TaskRound
 from cost_models.quality import RankQuality
 
 # -- candidate filter ---------------------------------------------------------------------------
@@ -143,6 +143,21 @@ def test_the_patience_counts_proposals_not_rounds():
         stopped_at = next(n for n in range(2 * size, 10**4, size)
                           if p.after_round([TaskRound("a", 1.0, 1.0, n)], 1.0).stop_tasks)
         assert stopped_at == size + 64
+
+
+def test_counted_in_measurements_the_patience_skips_what_the_filter_dropped():
+    """Rounds of 16 proposals, 8 of them dropped unbuilt: 64 flat proposals are 32 flat measurements."""
+    stopped_at = {}
+    for counts in COUNTS:
+        p = PlateauPreemption(task_patience=64, min_task_trials=0, model_window=10**6, counts=counts)
+        p.after_round([TaskRound("a", math.inf, 1.0, 16, directed=False, measured=16)], 1.0)
+        stopped_at[counts] = next(n for n in range(32, 10**4, 16)
+                                  if p.after_round([TaskRound("a", 1.0, 1.0, n, measured=16 + (n - 16) // 2)],
+                                                   1.0).stop_tasks)
+        assert f"64 {counts}" in p.rule
+    assert stopped_at == {"proposals": 16 + 64, "measurements": 16 + 128}
+    with pytest.raises(ValueError, match="--patience-counts must be one of proposals, measurements; got 'rounds'"):
+        PlateauPreemption(counts="rounds")
 
 
 def test_the_patience_grows_to_its_share_of_a_large_budget():
