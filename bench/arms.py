@@ -151,7 +151,7 @@ def _warm_builder(workers: int) -> Any:
 
 def autotune(workload: str, trials: int, work_dir: str, *, policies: str = "off", round_size: int | None = None,
              warm_start: str | None = None, target_name: str = "cpu", seed: int = 0,
-             patience_counts: str = "proposals") -> dict[str, Any]:
+             patience_counts: str = COUNTS[0]) -> dict[str, Any]:
     """Our session (budget split, parallel engine, final ranking) on the same workload and budget.
 
     ``policies``: "off" (the engine alone), "trimmer" (candidate filter and preemption, defaults) or

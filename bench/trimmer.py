@@ -117,7 +117,7 @@ def arm_command(name: str, arm: str, work_root: Path, work_dir: Path, trials: in
             "trimmer_warm_run": ["autotune", "--policies", "trimmer", "--warm-start", str(first)]}[arm]
     return ["bench.arms", args[0], name, str(trials), str(work_dir), *args[1:], "--round-size",
             str(BUDGETS[name][1]), "--target", target, *(["--seed", str(seed)] if seed else []),
-            *(["--patience-counts", counts] if counts != COUNTS[0] and arm != "engine" and arm != "stock" else [])]
+            *(["--patience-counts", counts] if counts != COUNTS[0] and arm not in ("engine", "stock") else [])]
 
 
 def run_arm(work_dir: Path, command: list[str], resume: bool) -> dict[str, Any]:
