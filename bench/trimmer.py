@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import re
 import shutil
 import statistics
 import sys
@@ -245,8 +246,9 @@ ROUNDS_RULE = "patience counted in rounds"  # runs before the rule was recorded:
 
 
 def _counted_in(rule: str) -> str:
-    """What a preemption rule's patience counts."""
-    return "rounds" if rule == ROUNDS_RULE else next(unit for unit in (*COUNTS[1:], COUNTS[0]) if f" {unit} " in rule)
+    """What a preemption rule's patience counts: the unit after "task patience N" (see ``PlateauPreemption.rule_for``)."""
+    unit = re.match(r"task patience \d+ (\w+)", rule)
+    return unit.group(1) if unit else "rounds"
 
 
 def _setup(result: dict[str, Any]) -> tuple[int, str]:
