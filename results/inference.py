@@ -91,13 +91,13 @@ class ArtifactModel:
     def _vm(self, batch: int) -> tuple[Any, Any]:
         """The cached VM for ``batch`` and its device, loading the library on first use."""
         import tvm
-        from tvm import relax
+        from tvm.runtime.vm import VirtualMachine
 
         device = tvm.cuda(0) if self.artifact.manifest["target"]["kind"] == "cuda" else tvm.cpu(0)
         if batch not in self._vms:
             library = self.artifact.load_library(batch)
             try:
-                self._vms[batch] = relax.VirtualMachine(library, device)
+                self._vms[batch] = VirtualMachine(library, device)
             except Exception as err:  # TVM's own error types: e.g. a cuda artifact on a host without the GPU
                 reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
                 raise ArtifactError(f"cannot start the batch-{batch} library of {self.artifact.path} "

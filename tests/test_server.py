@@ -213,6 +213,24 @@ def test_several_inputs_and_outputs_travel_as_npz_and_json(toy_url):
     np.testing.assert_allclose(np.array(reply["outputs"][1], dtype="float32"), x - y, rtol=1e-6)
 
 
+def test_a_cpu_server_runs_on_the_runtime_library_without_pytorch(toy_artifact):
+    """What a server process loads is how soon a new replica serves and how much memory each one holds."""
+    probe = ("import sys\n"
+             "import numpy as np\n"
+             "from containers.server import load_model\n"
+             f"model = load_model({str(toy_artifact)!r})\n"
+             "x = np.arange(6, dtype='float32').reshape(2, 3)\n"
+             "print(model([x, x])[0].tolist())\n"
+             "maps = open('/proc/self/maps').read()\n"
+             "print('libtvm_compiler' in maps, 'libtorch' in maps, sys.modules.get('torch'))\n")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    outputs, loaded = out.stdout.splitlines()
+    assert outputs == str((3 * np.arange(6, dtype="float32").reshape(2, 3)).tolist())
+    assert loaded == "False False None"
+
+
 def test_health_describes_the_model(mlp_url):
     health = InferenceClient(mlp_url).health()
     assert health["status"] == "ok" and health["name"] == "under-test" and health["threads"] == 1
