@@ -145,7 +145,8 @@ def run_case(pipeline: Any, load: float, cv: float, spike: bool, seed: int, plan
         row["methods"]["inferline+tuner"] = {"cost_per_hour": round(tuned.cost_per_hour, 5),
                                              "miss_rate": round(tuned.estimate.miss_rate, 5),
                                              "p99_ms": round(tuned.estimate.p99_ms, 2),
-                                             "replica_changes": len(tuned.schedule)}
+                                             "replica_changes": len(tuned.schedule),
+                                             "startup_s": {n: round(s, 3) for n, s in tuned.startup_s.items()}}
         if spike:  # what the Tuner's misses owe to its replicas' start-up: the same run with replicas serving at once
             instant = replay.estimate(planned.stages, planned.slo_ms, tuned.schedule, startup_s=0.0)
             row["methods"]["inferline+tuner"]["miss_rate_instant_start"] = round(instant.miss_rate, 5)
@@ -230,9 +231,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     searched = {n: [r["search"] for r in rows if r["stages"] == n and "search" in r] for n in sorted(by_size)}
     spikes = [r for r in rows if r["spike"] and "miss_rate_instant_start" in r["methods"].get("inferline+tuner", {})]
 
-    def spike_span(method: str, key: str = "miss_rate") -> dict[str, float]:
-        values = [r["methods"][method][key] for r in spikes]
-        return {"min": min(values), "max": max(values)}
+    def spike_span(method: str, key: str = "miss_rate") -> dict[str, float] | None:
+        return _span([r["methods"][method][key] for r in spikes])
     return {
         "cost_ratio_vs_cg_peak": {"min": min(ratios, default=None), "median": statistics.median(ratios) if ratios else None,
                                   "max": max(ratios, default=None)},
@@ -247,6 +247,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "spike_miss_rates": {"cg-peak": spike_span("cg-peak"), "inferline+tuner": spike_span("inferline+tuner"),
                              "inferline+tuner_instant_start": spike_span("inferline+tuner", "miss_rate_instant_start")
                              } if spikes else None,
+        "spike_startup_s": _span([s for r in spikes for s in r["methods"]["inferline+tuner"].get("startup_s", {}).values()]),
         "planning_s_5_stages_max": max(five, default=None),
         "estimator_visits_per_s_median": round(statistics.median(rates)) if rates else None,
         "targets": TARGETS,
@@ -307,19 +308,26 @@ def run_markdown(run: dict[str, Any], plan_percentile: float) -> list[str]:
                   + " the cheapest an enumeration of every hardware and batch per stage finds; at that cheapest, "
                   "CG-Peak / Planner would reach at most "
                   + ", ".join(f"{v['cost_ratio_at_enumerated_max']:g}" for _, v in gaps) + " respectively."]),
-              *([] if not s.get("spike_miss_rates") else [_spike_line(s["spike_miss_rates"])]),
+              *([] if not s.get("spike_miss_rates") else [_spike_line(s["spike_miss_rates"], s.get("spike_startup_s"))]),
               f"5-stage planning: {s['planning_s_5_stages_max']} s at most (target < {TARGETS['planning_s_5_stages']:g} s; "
               f"met: {s['met']['planning_s_5_stages']}). Estimator: {s['estimator_visits_per_s_median']} query-stage "
               "visits/s (median).", ""]
     return lines
 
 
-def _spike_line(misses: dict[str, dict[str, float]]) -> str:
-    """What the Tuner loses to CG-Peak on an unforeseen spike, and how much of it is its replicas' start-up."""
+def _span(values: list[float]) -> dict[str, float] | None:
+    return {"min": min(values), "max": max(values)} if values else None
+
+
+def _spike_line(misses: dict[str, dict[str, float]], startup_s: dict[str, float] | None) -> str:
+    """What the Tuner loses to CG-Peak on an unforeseen spike, and how much of it is its replicas' start-up
+    (``startup_s``: the span of the stages' start-ups, ask to serving; None: the runs before they were profiled)."""
     from containers.planner.estimator import STARTUP_S
 
     span = lambda m: f"{misses[m]['min']:.1%}-{misses[m]['max']:.1%}"  # noqa: E731
-    return (f"Spike rows: Planner+Tuner misses {span('inferline+tuner')} (its replicas start in {STARTUP_S:g} s), "
+    start = (f"{startup_s['min']:.1f}-{startup_s['max']:.1f} s, their containers' starts as profiled and a warm-up"
+             if startup_s else f"{STARTUP_S:g} s")
+    return (f"Spike rows: Planner+Tuner misses {span('inferline+tuner')} (its replicas start in {start}), "
             f"CG-Peak {span('cg-peak')}; had the Tuner's replicas served the moment it asked for them, "
             f"{span('inferline+tuner_instant_start')}.")
 

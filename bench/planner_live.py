@@ -168,7 +168,7 @@ def p99(latencies_ms: list[float]) -> float | None:
 def live_summary(record: dict[str, Any], folder: Path) -> dict[str, Any]:
     """What the bench keeps of a live run (the per-query lists stay in its live.json)."""
     keep = ("measured", "predicted", "predicted_with_tuner", "predicted_live_schedule", "predicted_as_served",
-            "startup_s", "compared_with", "p99_error", "batches", "errors", "wall_s", "trace")
+            "startup_s", "modelled_startup_s", "compared_with", "p99_error", "batches", "errors", "wall_s", "trace")
     changes = [c for c in record["replica_changes"] if c["event"] != "planned"]
     return {**{k: record[k] for k in keep if k in record}, "replica_changes": changes, "record": str(folder / "live.json"),
             "plot": str(folder / "live.png"),
@@ -331,8 +331,11 @@ def _start_up_line(step: dict[str, Any]) -> str:
         return ""
     from containers.planner.estimator import STARTUP_S
 
+    modelled = step.get("modelled_startup_s")  # the runs before start-ups were profiled assumed STARTUP_S
+    assumed = (", ".join(f"{s:.1f} s for {n}" for n, s in modelled.items()) + " (as profiled, with the warm-up)"
+               if modelled else f"{STARTUP_S:g} s")
     return (f" Its new replicas served {', '.join(f'{t:.1f}' for t in took)} s after the ask (the Estimator assumes "
-            f"{STARTUP_S:g} s: with that, predicted p99 {step['predicted_live_schedule']['p99_ms']} ms).")
+            f"{assumed}: with that, predicted p99 {step['predicted_live_schedule']['p99_ms']} ms).")
 
 
 def write_live(live: dict[str, Any], out_dir: Path) -> None:

@@ -6,7 +6,8 @@ started on a backend, warmed up, then driven by one closed-loop client (no queue
 the latency recorded is the service time a request sees, HTTP included, and the runs in order
 say how long slow spells last (``results.profile.Persistence``). Then the same client rests
 ``IDLE_GAP`` times the mean service time before each request, as a replica at about 25% load
-would: a server that rested serves slower than one kept busy. The entries join
+would: a server that rested serves slower than one kept busy. Each entry also says how long
+its container took to start serving (``startup_s``). The entries join
 the artifact's ``profile.json``, which the placement planner reads.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -60,7 +62,9 @@ def profile_in_containers(backend: ContainerBackend, artifact: Path, sizes: Sequ
     entries = []
     for i, size in enumerate(sizes):
         spec = ContainerSpec(f"profile-{i}", artifact, base_port + i, size.threads, size.cpus, size.cores)
+        asked = time.monotonic()
         backend.start(spec)
+        startup_s = round(time.monotonic() - asked, 3)
         try:
             for batch in batch_sizes:
                 inputs = request_inputs(artifact, batch)
@@ -78,7 +82,7 @@ def profile_in_containers(backend: ContainerBackend, artifact: Path, sizes: Sequ
                     batch_size=batch, latency_ms=busy, throughput_per_s=round(batch * len(records) / seconds, 2),
                     samples=len(records),
                     idle_latency_ms=LatencyStats.from_seconds([r.latency_s for r in after_rest]) if after_rest else None,
-                    idle_gap_ms=round(gap_s * 1e3, 3) if after_rest else None))
+                    idle_gap_ms=round(gap_s * 1e3, 3) if after_rest else None, startup_s=startup_s))
         finally:
             backend.stop(spec.name)
     return entries

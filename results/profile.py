@@ -17,7 +17,8 @@ Format (``schema_version`` 1)::
           "samples": 200,
           "torch_eager_latency_ms": {"p50": 0.30, "p99": 0.41, "mean": 0.31, "min": 0.29},  # or null
           "idle_latency_ms": {"p50": 0.24, ...},   # optional: requests that find the server idle, see below
-          "idle_gap_ms": 0.66                      # how long it idled before each of them
+          "idle_gap_ms": 0.66,                     # how long it idled before each of them
+          "startup_s": 2.3                         # optional: from asking for the container to its answer
         }
       ]
     }
@@ -28,6 +29,8 @@ in a container (null: whole cores, no quota). ``latency_ms`` is measured closed 
 each request sent as the last is answered, so the server never rests; ``idle_latency_ms``
 is measured with ``idle_gap_ms`` of rest before each request, as a lightly loaded replica
 sees them (on a shared VM, 10% slower at the median: caches and the idle vCPU go cold).
+``startup_s`` is how long the container took from the backend's start to its server answering,
+artifact loaded and warmed up: what a replica added under load keeps its stage waiting.
 """
 
 from __future__ import annotations
@@ -132,6 +135,7 @@ class ProfileEntry:
     torch_eager_latency_ms: LatencyStats | None = None
     idle_latency_ms: LatencyStats | None = None
     idle_gap_ms: float | None = None
+    startup_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -165,6 +169,7 @@ def read_profile(path: str | Path) -> Profile:
                 torch_eager_latency_ms=LatencyStats(**e["torch_eager_latency_ms"]) if e.get("torch_eager_latency_ms") else None,
                 idle_latency_ms=LatencyStats(**e["idle_latency_ms"]) if e.get("idle_latency_ms") else None,
                 idle_gap_ms=float(e["idle_gap_ms"]) if e.get("idle_gap_ms") is not None else None,
+                startup_s=float(e["startup_s"]) if e.get("startup_s") is not None else None,
             )
             for e in raw["entries"]
         )

@@ -28,11 +28,12 @@ def bimodal(fast_ms: float, slow_ms: float, slow_share: float) -> tuple[float, .
 
 
 def write_profile(folder: Path, table: dict[float, dict[int, float | tuple[float, ...] | LatencyStats]],
-                  gpu: str | None = None) -> Path:
+                  gpu: str | None = None, startup_s: float | None = None) -> Path:
     """An artifact folder holding only a ``profile.json``: one entry per (container size or GPU, batch size).
 
     A table value is a service time in ms (every run the same, as far as the Estimator knows),
     the 0th..100th percentiles of one (``bimodal``), or its ``LatencyStats`` as they are.
+    ``startup_s``: every container's start, as profiled (None: not measured).
     """
     folder.mkdir(parents=True, exist_ok=True)
     entries = []
@@ -47,15 +48,16 @@ def write_profile(folder: Path, table: dict[float, dict[int, float | tuple[float
                 stats = LatencyStats(ms[50], ms[99], sum(ms) / len(ms), ms[0], ms)
             else:
                 stats = LatencyStats(ms, ms * 1.3, ms, ms * 0.9)
-            entries.append(ProfileEntry(hw, batch, stats, batch * 1e3 / stats.mean, 100))
+            entries.append(ProfileEntry(hw, batch, stats, batch * 1e3 / stats.mean, 100, startup_s=startup_s))
     Profile("zoo:test", "llvm", tuple(entries)).write(folder / "profile.json")
     return folder
 
 
-def write_pipeline(tmp_path: Path, body: str, profiles: dict[str, dict[float, dict[int, float]]]) -> Path:
+def write_pipeline(tmp_path: Path, body: str, profiles: dict[str, dict[float, dict[int, float]]],
+                   startup_s: float | None = None) -> Path:
     """``tmp_path/pipeline.toml`` holding ``body``, with an artifact folder per entry of ``profiles`` beside it."""
     for name, table in profiles.items():
-        write_profile(tmp_path / name, table)
+        write_profile(tmp_path / name, table, startup_s=startup_s)
     path = tmp_path / "pipeline.toml"
     path.write_text(textwrap.dedent(body))
     return path
@@ -88,7 +90,8 @@ def chain(tmp_path: Path) -> Pipeline:
     return read_pipeline(write_pipeline(tmp_path, CHAIN, {"pre": PRE, "cnn": CNN}))
 
 
-def one_stage(tmp_path: Path, table: dict[float, dict[int, float]], timeout_ms: float = 0) -> Pipeline:
-    """A pipeline of one stage ``m`` profiled as ``table``."""
+def one_stage(tmp_path: Path, table: dict[float, dict[int, float]], timeout_ms: float = 0,
+              startup_s: float | None = None) -> Pipeline:
+    """A pipeline of one stage ``m`` profiled as ``table`` (its containers starting in ``startup_s``)."""
     body = f'name = "one"\n[[stages]]\nname = "m"\nartifact = "m"\nbatch_timeout_ms = {timeout_ms}\n'
-    return read_pipeline(write_pipeline(tmp_path, body, {"m": table}))
+    return read_pipeline(write_pipeline(tmp_path, body, {"m": table}, startup_s))

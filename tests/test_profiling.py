@@ -64,6 +64,8 @@ def test_profile_command_measures_in_docker_containers(tuned_run, docker_engine,
                and e["idle_latency_ms"]["p50"] > 0 and "persistence" in e["latency_ms"] for e in entries)
     # a half-core quota stretches the service time of the heavier batch
     assert by[(0.5, 64)]["latency_ms"]["mean"] > by[(1.0, 64)]["latency_ms"]["mean"]
+    # and each size's container start, one start for all its batch sizes
+    assert all(0 < by[cpus, 1]["startup_s"] == by[cpus, 64]["startup_s"] < 60 for cpus in (0.5, 1.0))
 
 
 def test_profile_command_refuses_bad_sizes_and_leaves_the_artifact_alone(tuned_run, tmp_path: Path) -> None:

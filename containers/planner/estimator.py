@@ -40,7 +40,8 @@ from containers.planner.batchqueue import ReplicaChange, ServiceJitter, SlowSpel
 from containers.planner.trace import check_trace
 
 SHAPE_LEVELS = 256  # service-time quantile levels drawn from
-STARTUP_S = 5.0  # a new replica's start-up time: a container starting and loading its artifact
+STARTUP_S = 5.0  # ask to serving, for a replica whose container start was not profiled
+WARMUP_S = 1.0  # how long a new replica serves back-to-back requests before it is routed to
 
 
 @dataclass(frozen=True, eq=False)
@@ -102,12 +103,14 @@ class Estimator:
         pipeline: the stages, their profiles and scale factors.
         arrivals: sorted arrival times in seconds.
         seed: seeds the scale-factor draws (which queries visit which stage) and the service-time draws.
-        startup_s: how long a replica added by a schedule takes before it serves.
+        startup_s: how long a replica added by a schedule takes from the ask to serving, on every stage;
+            None: its stage's profiled container start on its hardware, plus ``WARMUP_S`` (``STARTUP_S``
+            where the start was not profiled).
         cache_bytes: memory for stage results kept for reuse between calls.
         slo_percentile: the latency percentile that ``feasible`` holds to the SLO (99: a p99 SLO).
     """
 
-    def __init__(self, pipeline: Pipeline, arrivals: np.ndarray, seed: int = 0, startup_s: float = STARTUP_S,
+    def __init__(self, pipeline: Pipeline, arrivals: np.ndarray, seed: int = 0, startup_s: float | None = None,
                  cache_bytes: int = 64 << 20, slo_percentile: float = 99.0) -> None:
         if not 50 <= slo_percentile < 100:
             raise PlanError(f"the SLO percentile must be in [50, 100); got {slo_percentile!r}")
@@ -146,10 +149,17 @@ class Estimator:
         """Queries per second reaching ``stage`` over the trace."""
         return float(self._index[stage].size) / self.span_s
 
+    def replica_startup_s(self, stage: str, hardware: str) -> float:
+        """From the ask to a new replica of ``stage`` on ``hardware`` serving, as this Estimator has it."""
+        if self.startup_s is not None:
+            return self.startup_s
+        profiled = self.pipeline.stage(stage).profile.startup_s(hardware)
+        return STARTUP_S if profiled is None else profiled + WARMUP_S
+
     def estimate(self, config: Config, slo_ms: float, schedule: Sequence[ReplicaChange] = (),
                  startup_s: float | None = None) -> Estimate:
         """Simulate ``config`` (replica counts changing as ``schedule`` says, new replicas serving ``startup_s``
-        after a change; None: this Estimator's start-up) over the whole trace."""
+        after a change; None: this Estimator's start-ups) over the whole trace."""
         finish, visits, seconds = self._run(config, schedule, None, self.startup_s if startup_s is None else startup_s)
         return Estimate((finish - self.arrivals) * 1e3, slo_ms, visits, seconds)  # type: ignore[operator]
 
@@ -159,8 +169,8 @@ class Estimator:
         return finish is not None and float(np.percentile((finish - self.arrivals)[~np.isnan(finish)] * 1e3,
                                                           self.slo_percentile)) <= slo_ms
 
-    def _run(self, config: Config, schedule: Sequence[ReplicaChange], stop_ms: float | None, startup_s: float
-             ) -> tuple[np.ndarray | None, int, float]:
+    def _run(self, config: Config, schedule: Sequence[ReplicaChange], stop_ms: float | None,
+             startup_s: float | None) -> tuple[np.ndarray | None, int, float]:
         """The time each query finishes (None when stopped early), visits simulated, and wall seconds."""
         check_config(self.pipeline, config)
         self.calls_ += 1
@@ -187,7 +197,7 @@ class Estimator:
         return finish, visits, time.perf_counter() - t0
 
     def _stage(self, name: str, config: Config, done: dict[str, np.ndarray], changes: Sequence[ReplicaChange],
-               startup_s: float) -> np.ndarray:
+               startup_s: float | None) -> np.ndarray:
         """When each query finishes at stage ``name`` (NaN where it does not visit), given its parents' results."""
         stage, cfg = self.pipeline.stage(name), config[name]
         idx = self._index[name]
@@ -196,7 +206,8 @@ class Estimator:
         points = [stage.profile.run_point(cfg.hardware, k) for k in range(1, cfg.batch_size + 1)]
         service_s = [0.0] + [p.mean_ms / 1e3 for p in points]
         idle_s = [0.0] + [(p.idle or p).mean_ms / 1e3 for p in points] if any(p.idle for p in points) else None
-        windows = replica_windows(cfg.replicas, [(c.at_s, c.replicas) for c in changes], startup_s)
+        windows = replica_windows(cfg.replicas, [(c.at_s, c.replicas) for c in changes],
+                                  self.replica_startup_s(name, cfg.hardware) if startup_s is None else startup_s)
         share = stage.profile.quota_share(cfg.hardware)
         try:
             finished = serve(ready[order].tolist(), service_s, cfg.batch_size, cfg.batch_timeout_ms / 1e3, windows,

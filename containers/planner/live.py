@@ -189,7 +189,8 @@ def live_record(plan: Plan, estimator: Estimator, queries: LiveQueries, events: 
     (per query of the trace in ``queries.predicted_ms``, so runs can be pooled);
     with the Tuner, ``predicted_with_tuner`` lets the simulated Tuner scale, and
     ``predicted_live_schedule`` replays the replica counts the live Tuner actually asked for,
-    each new replica serving the Estimator's start-up after the ask, and ``predicted_as_served``
+    each new replica serving the Estimator's start-up after the ask (``modelled_startup_s``, per
+    stage), and ``predicted_as_served``
     the counts that actually served, when they did (``startup_s``: how long each new replica
     took, ask to route): it holds the Estimator to what was served, whatever the start-ups were.
     ``p99_error`` is measured over predicted p99 minus one, against the prediction named by
@@ -216,6 +217,8 @@ def live_record(plan: Plan, estimator: Estimator, queries: LiveQueries, events: 
         record["predicted_as_served"] = _latencies(estimator.estimate(plan.stages, plan.slo_ms, served_schedule(events),
                                                                       startup_s=0.0))
         record["startup_s"] = start_ups(events)
+        record["modelled_startup_s"] = {name: estimator.replica_startup_s(name, cfg.hardware)
+                                        for name, cfg in plan.stages.items()}
         record["compared_with"] = "predicted_as_served"
     if measured["p99_ms"] is not None:
         record["p99_error"] = round(measured["p99_ms"] / record[record["compared_with"]]["p99_ms"] - 1, 4)

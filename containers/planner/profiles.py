@@ -63,11 +63,13 @@ class StageProfile:
         stage: the stage's name, for errors.
         points: for each hardware key, at least one point, batch sizes strictly increasing.
         throttled: the keys served as an unthrottled twin under a CPU quota.
+        startups: for each key whose container start was profiled, the slowest start, in seconds.
     """
 
     stage: str
     points: Mapping[str, tuple[ServicePoint, ...]]
     throttled: Mapping[str, Throttled] = field(default_factory=dict)
+    startups: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for key, points in self.points.items():
@@ -85,6 +87,7 @@ class StageProfile:
         """
         best: dict[tuple[str, int], tuple[tuple[bool, float], ServicePoint]] = {}
         quotas: dict[str, tuple[float, int]] = {}  # container keys: (CPU limit, threads)
+        startups: dict[str, float] = {}
         for e in profile.entries:
             try:
                 key = hardware_key(e.hardware)
@@ -93,6 +96,8 @@ class StageProfile:
             if e.hardware.get("cpu_limit") is not None:
                 quotas[key] = (float(e.hardware["cpu_limit"]), len(e.hardware.get("cores") or ())
                                or int(e.hardware.get("threads") or 1))
+            if e.startup_s is not None:
+                startups[key] = max(startups.get(key, 0.0), e.startup_s)
             rank = (e.hardware.get("cpu_limit") is None, e.latency_ms.mean)
             idle = e.idle_latency_ms
             point = ServicePoint(e.batch_size, e.latency_ms.mean, e.latency_ms.p99, e.latency_ms.quantiles,
@@ -104,18 +109,23 @@ class StageProfile:
         for (key, _), (_, point) in best.items():
             grouped.setdefault(key, []).append(point)
         points = {k: tuple(sorted(v, key=lambda p: p.batch_size)) for k, v in grouped.items()}
-        return cls(stage, points, _throttled(points, quotas))
+        return cls(stage, points, _throttled(points, quotas), startups)
 
     def restrict(self, keys: Iterable[str]) -> StageProfile:
         """Only the hardware in ``keys`` (those not profiled are left out); a throttled key keeps its twin's runs."""
         wanted = set(keys)
         return StageProfile(self.stage, {k: v for k, v in self.points.items() if k in wanted},
-                            {k: t for k, t in self.throttled.items() if k in wanted})
+                            {k: t for k, t in self.throttled.items() if k in wanted},
+                            {k: s for k, s in self.startups.items() if k in wanted})
 
     def quota_share(self, hardware: str) -> float | None:
         """The share of each CFS period a replica on ``hardware`` may run; None where no quota cuts in."""
         t = self.throttled.get(hardware)
         return t.share if t else None
+
+    def startup_s(self, hardware: str) -> float | None:
+        """How long a container on ``hardware`` took to start serving when it was profiled; None if not measured."""
+        return self.startups.get(hardware)
 
     def run_point(self, hardware: str, batch: int) -> ServicePoint:
         """How long one run of a batch takes before any quota cuts in: the twin's point on a throttled key."""

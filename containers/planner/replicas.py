@@ -29,10 +29,8 @@ from containers.backends.base import HOST, ContainerBackend, ContainerSpec
 from containers.client import InferenceClient
 from containers.errors import ContainerError, PlanError, ScenarioError
 from containers.planner.deploy_plan import CorePlacement
+from containers.planner.estimator import WARMUP_S
 from containers.planner.frontend import Frontend
-
-
-WARMUP_S = 1.0  # how long a new replica serves back-to-back requests before it is routed to
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ import numpy as np
 
 from containers.errors import PlanError
 from containers.planner.batchqueue import ReplicaChange
-from containers.planner.estimator import STARTUP_S, Estimate, Estimator
+from containers.planner.estimator import Estimate, Estimator
 from containers.planner.pipeline import Pipeline
 from containers.planner.plan import Plan
 
@@ -130,19 +130,22 @@ class TunedRun:
         schedule: the replica changes the Tuner made, in order.
         cost: dollars for the trace's length, replicas billed from the moment they are asked for.
         cost_per_hour: ``cost`` as an hourly rate.
+        startup_s: per stage, how long its new replicas took from the ask to serving.
     """
 
     estimate: Estimate
     schedule: tuple[ReplicaChange, ...]
     cost: float
     cost_per_hour: float
+    startup_s: dict[str, float]
 
 
 def simulate_with_tuner(pipeline: Pipeline, plan: Plan, arrivals: np.ndarray, seed: int = 0,
-                        startup_s: float = STARTUP_S, interval_s: float = INTERVAL_S, rho: float = RHO) -> TunedRun:
+                        startup_s: float | None = None, interval_s: float = INTERVAL_S, rho: float = RHO) -> TunedRun:
     """Run ``plan`` over ``arrivals`` with the Tuner observing every ``interval_s`` of trace time.
 
-    New replicas serve ``startup_s`` after the Tuner asks for them (a container starting).
+    New replicas serve ``startup_s`` after the Tuner asks for them (a container starting; None: as
+    each stage's container start was profiled, see ``Estimator``).
     """
     if not interval_s > 0:
         raise PlanError(f"the Tuner must look at the traffic at intervals of more than 0 s; got {interval_s!r}")
@@ -158,4 +161,5 @@ def simulate_with_tuner(pipeline: Pipeline, plan: Plan, arrivals: np.ndarray, se
         replica_s = sum(n * (t1 - t0) for (t0, n), (t1, _) in zip(points, points[1:]))
         dollars += replica_s / 3600 * plan.prices[name]
     estimate = estimator.estimate(plan.stages, plan.slo_ms, schedule)
-    return TunedRun(estimate, tuple(schedule), dollars, dollars / max(end, 1e-9) * 3600)
+    return TunedRun(estimate, tuple(schedule), dollars, dollars / max(end, 1e-9) * 3600,
+                    {name: estimator.replica_startup_s(name, cfg.hardware) for name, cfg in plan.stages.items()})
