@@ -190,9 +190,9 @@ def live_record(plan: Plan, estimator: Estimator, queries: LiveQueries, events: 
     with the Tuner, ``predicted_with_tuner`` lets the simulated Tuner scale, and
     ``predicted_live_schedule`` replays the replica counts the live Tuner actually asked for,
     each new replica serving the Estimator's start-up after the ask (``modelled_startup_s``, per
-    stage), and ``predicted_as_served``
-    the counts that actually served, when they did (``startup_s``: how long each new replica
-    took, ask to route): it holds the Estimator to what was served, whatever the start-ups were.
+    stage), and ``predicted_as_served`` the counts that actually served, when they did
+    (``startup_s``: how long each new replica took, ask to route): it holds the Estimator to
+    what was served, whatever the start-ups were.
     ``p99_error`` is measured over predicted p99 minus one, against the prediction named by
     ``compared_with`` (the as-served one when the Tuner ran).
     """
