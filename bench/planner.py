@@ -325,8 +325,8 @@ def _spike_line(misses: dict[str, dict[str, float]], startup_s: dict[str, float]
     from containers.planner.estimator import STARTUP_S
 
     span = lambda m: f"{misses[m]['min']:.1%}-{misses[m]['max']:.1%}"  # noqa: E731
-    start = (f"{startup_s['min']:.1f}-{startup_s['max']:.1f} s, their containers' starts as profiled and a warm-up"
-             if startup_s else f"{STARTUP_S:g} s")
+    lo, hi = (startup_s["min"], startup_s["max"]) if startup_s else (STARTUP_S, STARTUP_S)
+    start = f"{lo:.1f}-{hi:.1f} s" if hi > lo else f"{lo:g} s"
     return (f"Spike rows: Planner+Tuner misses {span('inferline+tuner')} (its replicas start in {start}), "
             f"CG-Peak {span('cg-peak')}; had the Tuner's replicas served the moment it asked for them, "
             f"{span('inferline+tuner_instant_start')}.")

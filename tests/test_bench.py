@@ -14,7 +14,7 @@ from bench.seed_spread import compare_pairs
 from bench.trimmer import ARM_RESULT, _ablation_table, _compare, _saved_arm, _spread_table
 from autotune.policies import PolicySettings
 from containers.planner.config import StageConfig, config_cost
-from containers.planner.estimator import Estimator
+from containers.planner.estimator import STARTUP_S, Estimator
 from containers.planner.planner import initialize, minimize_cost
 from containers.planner.trace import gamma_trace
 from cost_models.preemption import PlateauPreemption
@@ -159,5 +159,7 @@ def test_a_spike_row_says_how_many_of_the_tuners_misses_its_replicas_start_up_co
     tuned = row["methods"]["inferline+tuner"]
     # the same schedule with replicas serving at once misses fewer: the spike's misses wait on the start-up
     assert tuned["miss_rate"] > 0.1 and tuned["miss_rate_instant_start"] < tuned["miss_rate"] / 2
-    line = bench.planner._spike_line(bench.planner.summarize([row])["spike_miss_rates"])
+    assert tuned["startup_s"] == {s.name: STARTUP_S for s in chain.stages}  # no container start profiled here
+    summary = bench.planner.summarize([row])
+    line = bench.planner._spike_line(summary["spike_miss_rates"], summary["spike_startup_s"])
     assert f"{tuned['miss_rate_instant_start']:.1%}" in line and "start in 5 s" in line
