@@ -156,16 +156,20 @@ class Estimator:
         profiled = self.pipeline.stage(stage).profile.startup_s(hardware)
         return STARTUP_S if profiled is None else profiled + WARMUP_S
 
+    def startups(self, config: Config) -> dict[str, float]:
+        """Each stage's ``replica_startup_s`` on its hardware in ``config``."""
+        return {name: self.replica_startup_s(name, cfg.hardware) for name, cfg in config.items()}
+
     def estimate(self, config: Config, slo_ms: float, schedule: Sequence[ReplicaChange] = (),
                  startup_s: float | None = None) -> Estimate:
         """Simulate ``config`` (replica counts changing as ``schedule`` says, new replicas serving ``startup_s``
-        after a change; None: this Estimator's start-ups) over the whole trace."""
-        finish, visits, seconds = self._run(config, schedule, None, self.startup_s if startup_s is None else startup_s)
+        after a change, on every stage; None: ``replica_startup_s``) over the whole trace."""
+        finish, visits, seconds = self._run(config, schedule, None, startup_s)
         return Estimate((finish - self.arrivals) * 1e3, slo_ms, visits, seconds)  # type: ignore[operator]
 
     def feasible(self, config: Config, slo_ms: float) -> bool:
         """Whether ``config``'s SLO percentile meets ``slo_ms``; stops as soon as enough queries are known to miss it."""
-        finish, _, _ = self._run(config, (), slo_ms, self.startup_s)
+        finish, _, _ = self._run(config, (), slo_ms, None)
         return finish is not None and float(np.percentile((finish - self.arrivals)[~np.isnan(finish)] * 1e3,
                                                           self.slo_percentile)) <= slo_ms
 
@@ -206,8 +210,8 @@ class Estimator:
         points = [stage.profile.run_point(cfg.hardware, k) for k in range(1, cfg.batch_size + 1)]
         service_s = [0.0] + [p.mean_ms / 1e3 for p in points]
         idle_s = [0.0] + [(p.idle or p).mean_ms / 1e3 for p in points] if any(p.idle for p in points) else None
-        windows = replica_windows(cfg.replicas, [(c.at_s, c.replicas) for c in changes],
-                                  self.replica_startup_s(name, cfg.hardware) if startup_s is None else startup_s)
+        start_s = self.replica_startup_s(name, cfg.hardware) if startup_s is None else startup_s
+        windows = replica_windows(cfg.replicas, [(c.at_s, c.replicas) for c in changes], start_s)
         share = stage.profile.quota_share(cfg.hardware)
         try:
             finished = serve(ready[order].tolist(), service_s, cfg.batch_size, cfg.batch_timeout_ms / 1e3, windows,

@@ -217,8 +217,7 @@ def live_record(plan: Plan, estimator: Estimator, queries: LiveQueries, events: 
         record["predicted_as_served"] = _latencies(estimator.estimate(plan.stages, plan.slo_ms, served_schedule(events),
                                                                       startup_s=0.0))
         record["startup_s"] = start_ups(events)
-        record["modelled_startup_s"] = {name: estimator.replica_startup_s(name, cfg.hardware)
-                                        for name, cfg in plan.stages.items()}
+        record["modelled_startup_s"] = estimator.startups(plan.stages)
         record["compared_with"] = "predicted_as_served"
     if measured["p99_ms"] is not None:
         record["p99_error"] = round(measured["p99_ms"] / record[record["compared_with"]]["p99_ms"] - 1, 4)

@@ -162,4 +162,4 @@ def simulate_with_tuner(pipeline: Pipeline, plan: Plan, arrivals: np.ndarray, se
         dollars += replica_s / 3600 * plan.prices[name]
     estimate = estimator.estimate(plan.stages, plan.slo_ms, schedule)
     return TunedRun(estimate, tuple(schedule), dollars, dollars / max(end, 1e-9) * 3600,
-                    {name: estimator.replica_startup_s(name, cfg.hardware) for name, cfg in plan.stages.items()})
+                    estimator.startups(plan.stages))
