@@ -7,8 +7,9 @@ the latency recorded is the service time a request sees, HTTP included, and the 
 say how long slow spells last (``results.profile.Persistence``). Then the same client rests
 ``IDLE_GAP`` times the mean service time before each request, as a replica at about 25% load
 would: a server that rested serves slower than one kept busy. Each entry also says how long
-its container took to start serving (``startup_s``). The entries join
-the artifact's ``profile.json``, which the placement planner reads.
+its container took to start serving (``startup_s``: a boosted start, ``backends.base``, as the
+planner's replicas get). The entries join the artifact's ``profile.json``, which the placement
+planner reads.
 """
 
 from __future__ import annotations

@@ -75,6 +75,34 @@ def _killed_from_outside_then_stopped(backend: ContainerBackend, spec: Container
         backend.resize(spec.name, 1.0)
 
 
+def _quotas_while_starting(backend: ContainerBackend, spec: ContainerSpec, quota: Callable[[], str | None]
+                           ) -> list[str]:
+    """The CPU quota as the engine or kernel held it (``quota``; None before the container exists), read
+    every 20 ms from the start's call until the server answered ``/health``."""
+    answered, seen = threading.Event(), []
+
+    def watch() -> None:
+        while not answered.is_set():
+            try:
+                requests.get(f"{spec.url}/health", timeout=0.2).raise_for_status()
+                answered.set()
+            except requests.RequestException:
+                pass
+            value = quota()
+            if value is not None and not answered.is_set():
+                seen.append(value)
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        backend.start(spec)
+    finally:
+        answered.set()
+        watcher.join()
+    return seen
+
+
 # Docker
 
 
@@ -99,6 +127,26 @@ def test_docker_limits_are_set_and_changed_live(docker_backend, tuned_run):
     assert quota <= 0 and cpuset == "0,1"
     assert (docker_backend.info(spec.name).cpus, docker_backend.info(spec.name).cpuset) == (None, (0, 1))
     assert requests.get(f"{spec.url}/health", timeout=5).status_code == 200
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("boost", [True, False])
+def test_docker_a_boosted_start_takes_its_quota_once_the_server_answers(docker_engine, tuned_run, boost):
+    from containers.backends.docker import DockerBackend
+
+    backend = DockerBackend(docker_engine, startup_boost=boost)
+    spec = _spec(tuned_run.artifact, cpus=0.5, cpuset=(0,))
+
+    def quota() -> str | None:
+        found = docker_engine.containers.list(all=True, filters={"name": f"^/autotune-{spec.name}$"})
+        return str(found[0].attrs["HostConfig"]["CpuQuota"]) if found else None
+
+    try:
+        seen = _quotas_while_starting(backend, spec, quota)
+        assert seen and set(seen) == ({"0"} if boost else {"50000"})
+        assert quota() == "50000" and backend.info(spec.name).cpus == 0.5
+    finally:
+        backend.close()
 
 
 @pytest.mark.docker
@@ -228,8 +276,17 @@ def test_local_cgroup_quota_is_honoured_and_resized(tuned_run, tmp_path):
     if backend.limits == "core affinity only":
         pytest.skip(backend.warning)
     spec = _spec(tuned_run.artifact, cpus=1.0, cpuset=(0,))
+
+    def quota() -> str | None:
+        try:
+            return _cgroup_limits(backend, spec.name)[0]
+        except FileNotFoundError:
+            return None
+
     try:
-        assert backend.start(spec).running
+        seen = _quotas_while_starting(backend, spec, quota)
+        assert seen and set(seen) <= {"-1", "max"}  # boosted until it answers
+        assert backend.info(spec.name).running
         assert _cgroup_limits(backend, spec.name) == ("100000", "0")
         backend.resize(spec.name, 0.25)
         assert _cgroup_limits(backend, spec.name) == ("25000", "0")

@@ -3,6 +3,12 @@
 A backend starts model servers, changes their CPU limit and cpuset while they run,
 reports the CPU they use, and stops them. It holds no policy: who gets how much CPU
 is decided above it (``containers.qoe``) and handed down as numbers.
+
+A start is boosted (``startup_boost``, as Kubernetes' startup CPU boost): the server loads
+with no CFS quota on its cpuset and takes its limit once it answers, so a half-core replica
+starts as soon as a whole-core one and a replica the planner's Tuner adds serves sooner. A
+neighbour on the same cores keeps its fair share meanwhile (equal CFS weights), which is all
+its own quota allows it on a shared core.
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ class ContainerBackend(ABC):
     """Start, resize, observe and stop model-server containers."""
 
     kind: str = ""
+    startup_boost: bool = True  # a start runs without its CPU limit (its cpuset holds) until the server answers
 
     @abstractmethod
     def start(self, spec: ContainerSpec, timeout_s: float = 60.0) -> ContainerInfo:
@@ -90,6 +97,15 @@ class ContainerBackend(ABC):
         """Stop every container this backend started."""
         for info in self.list():
             self.stop(info.spec.name)
+
+    def start_cpus(self, spec: ContainerSpec) -> float | None:
+        """The CPU limit a start of ``spec`` runs under until its server answers."""
+        return None if self.startup_boost else spec.cpus
+
+    def settle(self, spec: ContainerSpec) -> None:
+        """Give a started ``spec`` its own CPU limit, if the start ran without it."""
+        if self.start_cpus(spec) != spec.cpus:
+            self.resize(spec.name, spec.cpus, spec.cpuset)
 
     def info(self, name: str) -> ContainerInfo:
         from containers.errors import UnknownContainer

@@ -47,12 +47,13 @@ class DockerBackend(ContainerBackend):
 
     Args:
         client: a connected client (``engine.engine_client`` or ``engine.ensure_engine``).
+        startup_boost: start each container without its CPU limit until its server answers (``base``).
     """
 
     kind = "docker"
 
-    def __init__(self, client: DockerClient) -> None:
-        self.client = client
+    def __init__(self, client: DockerClient, startup_boost: bool = True) -> None:
+        self.client, self.startup_boost = client, startup_boost
         self._started: set[str] = set()
         self._baselines: dict[str, tuple[int, float]] = {}  # name -> (CPU ns, epoch s)
         self._image: str | None = None
@@ -68,8 +69,10 @@ class DockerBackend(ContainerBackend):
         self._started.add(spec.name)
         try:
             with self._errors(spec.name, "start"):
-                container = self.client.containers.run(image, server_command(spec), **_run_options(spec))
+                container = self.client.containers.run(image, server_command(spec),
+                                                       **_run_options(spec, self.start_cpus(spec)))
             wait_healthy(spec, timeout_s, alive=lambda: self._alive(container))
+            self.settle(spec)
         except BackendUnavailable:
             raise
         except ContainerError as err:
@@ -207,13 +210,13 @@ def _info(container: Container) -> ContainerInfo:
                          cpuset=_parse_cpuset(host.get("CpusetCpus") or ""), ident=container.id)
 
 
-def _run_options(spec: ContainerSpec) -> dict[str, Any]:
-    """How the server's container is made: host network, read-only host runtime, CFS quota and cpuset."""
+def _run_options(spec: ContainerSpec, cpus: float | None) -> dict[str, Any]:
+    """How the server's container is made: host network, read-only host runtime, CFS quota (``cpus``) and cpuset."""
     return {"detach": True, "name": PREFIX + spec.name, "network_mode": "host", "mounts": _mounts(spec.artifact),
             "labels": {MANAGED: "true", "autotune.name": spec.name, "autotune.spec": _spec_label(spec)},
             "environment": {"TVM_NUM_THREADS": str(spec.threads), "HOME": "/root", "PYTHONUNBUFFERED": "1",
                             "PYTHONDONTWRITEBYTECODE": "1"},
-            "cpu_period": PERIOD_US, "cpu_quota": cfs_quota(spec.cpus) if spec.cpus else None,
+            "cpu_period": PERIOD_US, "cpu_quota": cfs_quota(cpus) if cpus else None,
             "cpuset_cpus": cores_text(spec.cpuset) if spec.cpuset else None}
 
 

@@ -35,6 +35,7 @@ class LocalBackend(ContainerBackend):
     Args:
         cgroup_root: where the cgroup hierarchies are mounted (v2 when it has ``cgroup.controllers``).
         log_dir: where each server's output goes (``NAME.log``); a temporary folder by default.
+        startup_boost: start each server without its CPU limit until it answers (``base``).
 
     Attributes:
         limits: how limits are enforced: ``"cgroup v1"``, ``"cgroup v2"`` or ``"core affinity only"``.
@@ -43,8 +44,9 @@ class LocalBackend(ContainerBackend):
 
     kind = "local"
 
-    def __init__(self, cgroup_root: Path = Path("/sys/fs/cgroup"), log_dir: Path | None = None) -> None:
-        self.cgroup_root = Path(cgroup_root)
+    def __init__(self, cgroup_root: Path = Path("/sys/fs/cgroup"), log_dir: Path | None = None,
+                 startup_boost: bool = True) -> None:
+        self.cgroup_root, self.startup_boost = Path(cgroup_root), startup_boost
         self.log_dir = log_dir
         self._logs: Path | None = None  # log_dir, or a temporary folder made at the first start
         self._limiter, self.warning = _choose_limiter(self.cgroup_root)
@@ -62,12 +64,13 @@ class LocalBackend(ContainerBackend):
             process = subprocess.Popen(server_command(spec), stdin=subprocess.DEVNULL, stdout=log,
                                        stderr=subprocess.STDOUT, start_new_session=True,
                                        env={**os.environ, "TVM_NUM_THREADS": str(spec.threads)})
-        server = self._servers[spec.name] = _Server(spec, process, spec.cpus, spec.cpuset)
+        server = self._servers[spec.name] = _Server(spec, process, self.start_cpus(spec), spec.cpuset)
         try:
             with _cgroup_errors(spec.name):
                 self._limiter.attach(spec.name, process.pid)
-                self._limiter.limit(spec.name, process.pid, spec.cpus, spec.cpuset)
+                self._limiter.limit(spec.name, process.pid, server.cpus, spec.cpuset)
             wait_healthy(spec, timeout_s, alive=lambda: process.poll() is None)
+            self.settle(spec)
         except BackendUnavailable:
             self.stop(spec.name)
             raise
