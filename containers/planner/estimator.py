@@ -41,7 +41,8 @@ from containers.planner.trace import check_trace
 
 SHAPE_LEVELS = 256  # service-time quantile levels drawn from
 STARTUP_S = 5.0  # ask to serving, for a replica whose container start was not profiled
-WARMUP_S = 1.0  # how long a new replica serves back-to-back requests before it is routed to
+WARMUP_REQUESTS = 2  # of each batch size a new replica serves back to back before it is routed to: a started
+# server's first request of a size ran 1.5-7x slower (connection and first run), its second as steadily as any later
 
 
 @dataclass(frozen=True, eq=False)
@@ -104,7 +105,7 @@ class Estimator:
         arrivals: sorted arrival times in seconds.
         seed: seeds the scale-factor draws (which queries visit which stage) and the service-time draws.
         startup_s: how long a replica added by a schedule takes from the ask to serving, on every stage;
-            None: its stage's profiled container start on its hardware, plus ``WARMUP_S`` (``STARTUP_S``
+            None: its stage's profiled container start on its hardware, plus its warm-up (``STARTUP_S``
             where the start was not profiled).
         cache_bytes: memory for stage results kept for reuse between calls.
         slo_percentile: the latency percentile that ``feasible`` holds to the SLO (99: a p99 SLO).
@@ -149,16 +150,20 @@ class Estimator:
         """Queries per second reaching ``stage`` over the trace."""
         return float(self._index[stage].size) / self.span_s
 
-    def replica_startup_s(self, stage: str, hardware: str) -> float:
-        """From the ask to a new replica of ``stage`` on ``hardware`` serving, as this Estimator has it."""
+    def replica_startup_s(self, stage: str, hardware: str, batch: int) -> float:
+        """From the ask to a new replica of ``stage`` on ``hardware`` at ``batch`` serving, as this Estimator has it:
+        its container's profiled start, then ``WARMUP_REQUESTS`` of one item and of ``batch`` at profiled speed."""
         if self.startup_s is not None:
             return self.startup_s
-        profiled = self.pipeline.stage(stage).profile.startup_s(hardware)
-        return STARTUP_S if profiled is None else profiled + WARMUP_S
+        profile = self.pipeline.stage(stage).profile
+        profiled = profile.startup_s(hardware)
+        if profiled is None:
+            return STARTUP_S
+        return profiled + WARMUP_REQUESTS * sum(profile.service_ms(hardware, k) for k in {1, batch}) / 1e3
 
     def startups(self, config: Config) -> dict[str, float]:
-        """Each stage's ``replica_startup_s`` on its hardware in ``config``."""
-        return {name: self.replica_startup_s(name, cfg.hardware) for name, cfg in config.items()}
+        """Each stage's ``replica_startup_s`` on its hardware and batch size in ``config``."""
+        return {name: self.replica_startup_s(name, cfg.hardware, cfg.batch_size) for name, cfg in config.items()}
 
     def estimate(self, config: Config, slo_ms: float, schedule: Sequence[ReplicaChange] = (),
                  startup_s: float | None = None) -> Estimate:
@@ -210,7 +215,7 @@ class Estimator:
         points = [stage.profile.run_point(cfg.hardware, k) for k in range(1, cfg.batch_size + 1)]
         service_s = [0.0] + [p.mean_ms / 1e3 for p in points]
         idle_s = [0.0] + [(p.idle or p).mean_ms / 1e3 for p in points] if any(p.idle for p in points) else None
-        start_s = self.replica_startup_s(name, cfg.hardware) if startup_s is None else startup_s
+        start_s = self.replica_startup_s(name, cfg.hardware, cfg.batch_size) if startup_s is None else startup_s
         windows = replica_windows(cfg.replicas, [(c.at_s, c.replicas) for c in changes], start_s)
         share = stage.profile.quota_share(cfg.hardware)
         try:

@@ -7,9 +7,9 @@ name, the next free port, the stage's planned size) and routes to each once it a
 ``/health``; going down first drops containers still starting, then takes the newest
 serving ones out of the route, lets their batch in hand finish, and stops them. Every
 change is recorded with its time, so a run shows when capacity was asked for and when it
-served. Every replica is warmed up before it is routed to: it serves requests back to back
-for a second, at one item and at its stage's batch size, as ``autotune profile`` warms a
-container before measuring it (the first requests a server sees run several times slower).
+served. Every replica is warmed up before it is routed to: it serves ``WARMUP_REQUESTS``
+requests back to back at one item and at its stage's batch size (a started server's first
+request of a size runs up to several times slower; its second does not).
 A replica added later is pinned like the planned ones, to the cores a
 ``CorePlacement`` finds least committed then; a stopped one gives its cores back. An ask
 for more than the cores can hold starts what fits and records the rest as ``capped``: a
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -29,7 +28,7 @@ from containers.backends.base import HOST, ContainerBackend, ContainerSpec
 from containers.client import InferenceClient
 from containers.errors import ContainerError, PlanError, ScenarioError
 from containers.planner.deploy_plan import CorePlacement
-from containers.planner.estimator import WARMUP_S
+from containers.planner.estimator import WARMUP_REQUESTS
 from containers.planner.frontend import Frontend
 
 
@@ -67,16 +66,16 @@ class ReplicaSet:
         placement: where the planned replicas were pinned (``plan_specs``'s); later replicas are
             pinned by it too. None: later replicas copy the first one's cpuset.
         start_timeout_s: how long a container may take to answer ``/health``.
-        warmup_s: how long each replica is warmed up once it answers.
+        warmup_requests: how many requests of each size warm a replica up once it answers.
     """
 
     def __init__(self, backend: ContainerBackend, frontend: Frontend, specs: dict[str, Sequence[ContainerSpec]],
                  placement: CorePlacement | None = None, start_timeout_s: float = 60.0,
-                 warmup_s: float = WARMUP_S) -> None:
+                 warmup_requests: int = WARMUP_REQUESTS) -> None:
         if not all(specs.values()):
             raise ScenarioError("every stage needs at least one planned replica")
         self.backend, self.frontend, self.specs, self.start_timeout_s = backend, frontend, specs, start_timeout_s
-        self.placement, self.warmup_s = placement, warmup_s
+        self.placement, self.warmup_requests = placement, warmup_requests
         self.serving_: dict[str, list[ContainerSpec]] = {stage: [] for stage in specs}
         self.events_: list[ReplicaEvent] = []
         self._starting: dict[str, list[ContainerSpec]] = {stage: [] for stage in specs}
@@ -149,15 +148,14 @@ class ReplicaSet:
         return None
 
     def _warm_up(self, stage: str, spec: ContainerSpec) -> None:
-        """Requests of one item and of the stage's batch size, back to back, for ``warmup_s``."""
+        """``warmup_requests`` requests of one item and of the stage's batch size, back to back."""
         queue = self.frontend.queues[stage]
-        requests = [list(queue.inputs(k)) for k in sorted({1, queue.batch_size})]
         client = InferenceClient(spec.url, self.start_timeout_s)
         try:
-            end, i = time.monotonic() + self.warmup_s, 0
-            while time.monotonic() < end:
-                client.infer(requests[i % len(requests)])
-                i += 1
+            for k in sorted({1, queue.batch_size}):
+                request = list(queue.inputs(k))
+                for _ in range(self.warmup_requests):
+                    client.infer(request)
         finally:
             client.close()
 
