@@ -151,10 +151,10 @@ def plan_simulate(
     seed: Annotated[int, typer.Option(help="seed of the scale-factor draws")] = 0,
     startup_s: Annotated[Optional[float], typer.Option("--startup-s", help="with the Tuner: seconds from its ask to "
                                                        "a new replica serving, on every stage [default: each "
-                                                       "stage's container start as profiled, plus 1 s of warm-up; "
+                                                       "stage's container start as profiled, plus its warm-up; "
                                                        "5 where not profiled]")] = None,
     tuner_interval: Annotated[Optional[float], typer.Option(help="with the Tuner: seconds between its looks at the "
-                                                                 "traffic (default 1)")] = None,
+                                                                 "traffic (default 0.25)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
     """Replay a plan over a trace in the Estimator: latency, SLO misses and cost, with or without the Tuner."""

@@ -32,7 +32,8 @@ RHO = 0.8  # InferLine's max provisioning ratio: replicas sized to run at most 8
 COOLDOWN_S = 15.0  # no scale-down within this long of the last change (Algorithm 4)
 LOOKBACK_S = 30.0  # scale-down looks at this much recent traffic ...
 DOWN_WINDOW_S = 5.0  # ... in windows of this size
-INTERVAL_S = 1.0  # how often the simulated tuner observes
+INTERVAL_S = 0.25  # how often the Tuner looks (simulated and live): a look costs ~0.2 ms, and on the simulated
+# spike rows looking every 0.25 s rather than every second cut the misses from 4.4-5.7% to 2.7-3.8% at the same cost
 
 
 @dataclass(frozen=True)
