@@ -108,6 +108,8 @@ def envelope(times: np.ndarray, base_s: float, max_s: float = MAX_WINDOW_S) -> d
 
 def max_arrivals(times: np.ndarray, window_s: float) -> int:
     """The most arrivals in any window ``[t, t + window_s)``; the busiest window starts at an arrival."""
+    if times.size == 0:
+        return 0
     ends = np.searchsorted(times, times + window_s, side="left")
     return int((ends - np.arange(times.size)).max())
 
