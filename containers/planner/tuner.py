@@ -26,7 +26,7 @@ own provisioning. Side by side on the simulated benchmark's plans and traces (se
 4.6/4.8% -> 4.0/3.8%. Given up: luck. InferLine's Tuner, scaled up by noise, met some 1-stage
 spikes already holding 5-13 replicas for a plan of 3 (median misses 1.9% against 3.4% here; from
 the same replicas this Tuner missed less), and it over-provisioned one marginal plan (2.1% misses
-alone) to 0.02% at 1.85x its cost, where this one reaches 1.8% at 1.1x. FINDINGS has the variants.
+alone) to 0.02% at 1.85x its cost, where this one reaches 1.8% at 1.2x. FINDINGS has the variants.
 
 The Tuner acts on nothing: ``observe`` returns replica counts and the caller (a simulation
 here, the container backend live) applies them. ``simulate_with_tuner`` runs it along a
