@@ -20,6 +20,8 @@ from typer.core import TyperGroup
 from autotune.cli import _fail, app
 
 PLANS = Path("runs/plans")
+TUNER_DRAIN_HELP = ("with the Tuner: how many times its step again each scale-up adds, to drain what queues while "
+                    "the new replicas start; 0 adds only what the traffic needs (default 1)")
 
 
 class _PlanGroup(TyperGroup):
@@ -155,6 +157,7 @@ def plan_simulate(
                                                        "5 where not profiled]")] = None,
     tuner_interval: Annotated[Optional[float], typer.Option(help="with the Tuner: seconds between its looks at the "
                                                                  "traffic (default 0.25)")] = None,
+    tuner_drain: Annotated[Optional[float], typer.Option(help=TUNER_DRAIN_HELP)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
     """Replay a plan over a trace in the Estimator: latency, SLO misses and cost, with or without the Tuner."""
@@ -164,7 +167,8 @@ def plan_simulate(
 
     try:
         plan, pipeline = _plan_and_pipeline(plan_file, pipeline_file)
-        given = {k: v for k, v in (("startup_s", startup_s), ("interval_s", tuner_interval)) if v is not None}
+        given = {k: v for k, v in (("startup_s", startup_s), ("interval_s", tuner_interval), ("drain", tuner_drain))
+                 if v is not None}
         result = simulate_plan(pipeline, plan, read_trace(trace), tuner=tuner, seed=seed, **given)
     except ContainerError as err:
         _fail(err)
@@ -198,6 +202,7 @@ def plan_apply(
     cores: Annotated[Optional[str], typer.Option(help="cores the replicas are pinned to, like 0,1; the front end "
                                                       "and load generator then run on the others [default: every "
                                                       "core, shared with them]")] = None,
+    tuner_drain: Annotated[Optional[float], typer.Option(help=TUNER_DRAIN_HELP)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the record's summary as JSON")] = False,
 ) -> None:
     """Serve a plan live: start its replicas, drive the trace through them, stop them; measured p99 against predicted."""
@@ -222,6 +227,7 @@ def plan_apply(
             os.sched_setaffinity(0, allowed - set(pinned))
         record = apply_plan(plan, pipeline, read_trace(trace), out, backend=backend, tuner=tuner,
                             seed=seed, base_port=base_port, duration_s=duration, cores=pinned,
+                            **({"tuner_drain": tuner_drain} if tuner_drain is not None else {}),
                             on_event=(lambda text: None) if as_json else print)
     except (ContainerError, ArtifactError, AutotuneError) as err:
         _fail(err)

@@ -270,7 +270,8 @@ def test_the_plan_commands(tmp_path: Path) -> None:
     assert slow.exit_code == 0, slow.output
     assert json.loads(slow.output)["miss_rate"] > json.loads(sim.output)["miss_rate"]  # a spike shorter than the start-up is over before help comes
     for flag, value, says in (("--startup-s", "-1", "start-up must be at least 0 s"),
-                              ("--tuner-interval", "0", "intervals of more than 0 s")):
+                              ("--tuner-interval", "0", "intervals of more than 0 s"),
+                              ("--tuner-drain", "-1", "drain must be at least 0")):
         wrong = runner.invoke(app, ["plan", "simulate", str(tmp_path / "plan.json"), "--trace",
                                     str(tmp_path / "spike.txt"), "--tuner", flag, value])
         assert wrong.exit_code == 2 and says in wrong.output, wrong.output

@@ -36,7 +36,7 @@ from containers.planner.pipeline import Pipeline
 from containers.planner.plan import Plan
 from containers.planner.replicas import ReplicaEvent, ReplicaSet, group_specs, port_free
 from containers.planner.trace import check_trace
-from containers.planner.tuner import INTERVAL_S, Tuner, simulate_with_tuner
+from containers.planner.tuner import DRAIN, INTERVAL_S, Tuner, simulate_with_tuner
 
 SCHEMA_VERSION = 1
 RECORD, PLOT = "live.json", "live.png"
@@ -85,7 +85,8 @@ class LiveTuner:
 def apply_plan(plan: Plan, pipeline: Pipeline, arrivals: np.ndarray, out_dir: Path,
                backend: str | ContainerBackend = "auto", tuner: bool = False, seed: int = 0,
                base_port: int = BASE_PORT, duration_s: float | None = None, drain_s: float = DRAIN_S,
-               cores: Sequence[int] | None = None, on_event: Callable[[str], None] = lambda text: None) -> dict[str, Any]:
+               cores: Sequence[int] | None = None, tuner_drain: float = DRAIN,
+               on_event: Callable[[str], None] = lambda text: None) -> dict[str, Any]:
     """Serve ``plan`` live over ``arrivals`` and return (and write into ``out_dir``) the run's record.
 
     Args:
@@ -93,6 +94,7 @@ def apply_plan(plan: Plan, pipeline: Pipeline, arrivals: np.ndarray, out_dir: Pa
         base_port: the plan's replicas listen on consecutive ports from here; the Tuner's on the next free ones.
         duration_s: only the arrivals before this many seconds are sent.
         cores: the cores the replicas are pinned to (``CorePlacement``); default: every core this process may use.
+        tuner_drain: with the Tuner, how many times its step again each scale-up adds (``Tuner``).
 
     Raises:
         PlanError: the plan is not for this pipeline or does not fit it, or a stage is not on CPU.
@@ -113,6 +115,7 @@ def apply_plan(plan: Plan, pipeline: Pipeline, arrivals: np.ndarray, out_dir: Pa
         if not port_free(spec.host, spec.port):
             raise ScenarioError(f"port {spec.port} (for {spec.name}) is in use; give another base port")
     estimator = Estimator(pipeline, arrivals, seed=seed)
+    policy = Tuner.for_plan(plan, estimator, drain=tuner_drain) if tuner else None  # a bad setting fails before starts
     frontend = Frontend(pipeline, plan.stages, estimator.visits_, stage_inputs(pipeline, plan.stages))
     out_dir.mkdir(parents=True, exist_ok=True)
     engine = create_backend(backend)
@@ -120,7 +123,7 @@ def apply_plan(plan: Plan, pipeline: Pipeline, arrivals: np.ndarray, out_dir: Pa
                                                                 for s in pipeline.stages}), placement)
     on_event(f"starting {len(specs)} replicas on the {engine.kind} backend")
     replicas.start()
-    live_tuner = LiveTuner(Tuner.for_plan(plan, estimator), frontend, replicas, arrivals) if tuner else None
+    live_tuner = LiveTuner(policy, frontend, replicas, arrivals) if policy is not None else None
     on_event(f"driving {arrivals.size} queries over {float(arrivals[-1]):.1f} s" + (" with the Tuner" if tuner else ""))
     started, cpu_started = time.monotonic(), time.process_time()
     try:
@@ -137,7 +140,7 @@ def apply_plan(plan: Plan, pipeline: Pipeline, arrivals: np.ndarray, out_dir: Pa
         replicas.close()
         queries = frontend.close()
     wall_s = time.monotonic() - started
-    record = live_record(plan, estimator, queries, replicas.events_, engine.kind, tuner, wall_s)
+    record = live_record(plan, estimator, queries, replicas.events_, engine.kind, tuner, wall_s, tuner_drain)
     used, left = (time.process_time() - cpu_started) / wall_s, sum(shared.values())
     record["frontend"] = {"cores_used": round(used, 3), "shared_cores": sorted(shared),
                           "quota_left_there": round(left, 3)}
@@ -182,7 +185,7 @@ def _no_full_collections() -> Iterator[None]:
 
 
 def live_record(plan: Plan, estimator: Estimator, queries: LiveQueries, events: list[ReplicaEvent],
-                backend: str, tuner: bool, wall_s: float) -> dict[str, Any]:
+                backend: str, tuner: bool, wall_s: float, tuner_drain: float = DRAIN) -> dict[str, Any]:
     """The run as JSON: per query, per batch stage, the replica changes, and measured next to predicted.
 
     ``predicted`` is the Estimator over the same trace and draws with the plan's replicas fixed
@@ -210,7 +213,8 @@ def live_record(plan: Plan, estimator: Estimator, queries: LiveQueries, events: 
     record["compared_with"] = "predicted"
     if tuner:
         run = simulate_with_tuner(estimator.pipeline, plan, estimator.arrivals, seed=estimator.seed,
-                                  startup_s=estimator.startup_s)
+                                  startup_s=estimator.startup_s, drain=tuner_drain)
+        record["tuner_drain"] = tuner_drain
         record["predicted_with_tuner"] = {**_latencies(run.estimate), "replica_changes": len(run.schedule)}
         schedule = [ReplicaChange(e.t_s, e.stage, e.replicas) for e in events if e.event == "asked"]
         record["predicted_live_schedule"] = _latencies(estimator.estimate(plan.stages, plan.slo_ms, schedule))
