@@ -11,7 +11,8 @@ used, and the output says so.
 Each pipeline is planned on a 60 s sample trace (gamma arrivals) by CG-Mean, CG-Peak and the
 Planner, and each plan is then replayed by the Estimator on a fresh 120 s trace of the same
 process (and, for the spike case, on a trace whose rate triples for 20 s), the Planner's also
-with the Tuner. Rates are multiples of the slowest stage's single-replica throughput at
+with the Tuner, and with the Tuner and ``STANDBY`` warm standby replicas per planned replica
+(paused, billed at their memory share, ``containers.planner.hardware``). Rates are multiples of the slowest stage's single-replica throughput at
 batch 1, so the load means the same whatever the profiles; the SLO is 4x the pipeline's
 batch-1 service time. CG-Peak is provisioned for the busiest SLO-long window of the sample.
 On pipelines of up to ``ENUMERATE_MAX`` hardware x batch combinations a row also gets the
@@ -57,6 +58,8 @@ SLO_MISS_RATE = 0.01  # a p99 SLO is kept while at most 1% of queries miss it
 TARGETS = {"cost_ratio_vs_cg_peak": 5.0, "planning_s_5_stages": 10.0}
 ENUMERATE_MAX = 2000  # hardware x batch combinations (over all stages) up to which a row also gets the search gap
 METHODS = ("cg-mean", "cg-peak", "inferline")
+STANDBY = 2.0  # the Tuner's warm standby replicas per planned replica in the standby arm: capacity for a rise to 3x
+# the plan (the spike injected here) that serves in milliseconds; 0.5 and 1.0 cut fewer misses (FINDINGS)
 # stage i: (parents, scale factor); the 5-stage DAG branches after s0 (s2 sees half the queries) and joins at s3
 LAYOUTS = {1: [((), 1.0)], 3: [((), 1.0), (("s0",), 1.0), (("s1",), 1.0)],
            5: [((), 1.0), (("s0",), 1.0), (("s0",), 0.5), (("s1", "s2"), 1.0), (("s3",), 0.7)]}
@@ -150,6 +153,10 @@ def run_case(pipeline: Any, load: float, cv: float, spike: bool, seed: int, plan
         if spike:  # what the Tuner's misses owe to its replicas' start-up: the same run with replicas serving at once
             instant = replay.estimate(planned.stages, planned.slo_ms, tuned.schedule, startup_s=0.0)
             row["methods"]["inferline+tuner"]["miss_rate_instant_start"] = round(instant.miss_rate, 5)
+        warm = simulate_with_tuner(pipeline, planned, live, seed=draws + REPLAY_DRAWS, standby=STANDBY)
+        row["methods"]["inferline+tuner+standby"] = {"cost_per_hour": round(warm.cost_per_hour, 5),
+                                                     "miss_rate": round(warm.estimate.miss_rate, 5),
+                                                     "p99_ms": round(warm.estimate.p99_ms, 2), "standby": STANDBY}
         if "cost_per_hour" in row["methods"].get("cg-peak", {}):
             row["cost_ratio_vs_cg_peak"] = round(row["methods"]["cg-peak"]["cost_per_hour"]
                                                  / row["methods"]["inferline"]["cost_per_hour"], 2)
@@ -222,7 +229,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 and r["methods"]["inferline"]["miss_rate"] <= r["methods"]["cg-peak"]["miss_rate"]]
     # a p99 SLO is kept or not: misses within its 1% count as no more than CG-Peak's, whatever CG-Peak's are
     slo_no_worse = {m: sum(r["methods"][m]["miss_rate"] <= max(r["methods"]["cg-peak"]["miss_rate"], SLO_MISS_RATE)
-                           for r in rows if "cost_ratio_vs_cg_peak" in r) for m in ("inferline", "inferline+tuner")}
+                           for r in rows if "cost_ratio_vs_cg_peak" in r and m in r["methods"])
+                    for m in ("inferline", "inferline+tuner", "inferline+tuner+standby")}
     steady = [r for r in rows if "cost_ratio_vs_cg_peak" in r and not r["spike"]]
     within = {m: sum(r["methods"][m]["miss_rate"] <= SLO_MISS_RATE for r in steady) for m in ("cg-peak", "inferline")}
     five = [r["methods"]["inferline"]["planning_s"] for r in rows if r["stages"] == 5 and "planning_s" in
@@ -232,7 +240,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     spikes = [r for r in rows if r["spike"] and "miss_rate_instant_start" in r["methods"].get("inferline+tuner", {})]
 
     def spike_span(method: str, key: str = "miss_rate") -> dict[str, float] | None:
-        return _span([r["methods"][method][key] for r in spikes])
+        return _span([r["methods"][method][key] for r in spikes if method in r["methods"]])
     return {
         "cost_ratio_vs_cg_peak": {"min": min(ratios, default=None), "median": statistics.median(ratios) if ratios else None,
                                   "max": max(ratios, default=None)},
@@ -245,8 +253,11 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
                                      "cost_ratio_at_enumerated_max": max(g["cost_ratio_at_enumerated"] for g in v)}
                                  for n, v in searched.items() if v},
         "spike_miss_rates": {"cg-peak": spike_span("cg-peak"), "inferline+tuner": spike_span("inferline+tuner"),
-                             "inferline+tuner_instant_start": spike_span("inferline+tuner", "miss_rate_instant_start")
-                             } if spikes else None,
+                             "inferline+tuner_instant_start": spike_span("inferline+tuner", "miss_rate_instant_start"),
+                             "inferline+tuner+standby": spike_span("inferline+tuner+standby")} if spikes else None,
+        "spike_cost_ratio_vs_cg_peak_with_standby": _span([
+            round(r["methods"]["cg-peak"]["cost_per_hour"] / r["methods"]["inferline+tuner+standby"]["cost_per_hour"], 2)
+            for r in spikes if "inferline+tuner+standby" in r["methods"] and "cost_per_hour" in r["methods"]["cg-peak"]]),
         "spike_startup_s": _span([s for r in spikes for s in r["methods"]["inferline+tuner"].get("startup_s", {}).values()]),
         "planning_s_5_stages_max": max(five, default=None),
         "estimator_visits_per_s_median": round(statistics.median(rates)) if rates else None,
@@ -280,13 +291,15 @@ def profiled(batch1: dict[str, dict[str, float]]) -> str:
 def run_markdown(run: dict[str, Any], plan_percentile: float) -> list[str]:
     """One run's table of rows and its summary lines."""
     lines = ["| pipeline | load (x mu, CV) | SLO ms | CG-Mean $/h (miss) | CG-Peak $/h (miss) | Planner $/h (miss) "
-             "| Planner+Tuner $/h (miss) | CG-Peak / Planner |", "|---|---|---|---|---|---|---|---|"]
+             "| Planner+Tuner $/h (miss) | Planner+Tuner+standby $/h (miss) | CG-Peak / Planner |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in run["rows"]:
-        cell = lambda m: ("error" if "error" in r["methods"].get(m, {"error": 1}) else  # noqa: E731
+        cell = lambda m: ("-" if m not in r["methods"] else "error" if "error" in r["methods"][m] else  # noqa: E731
                           f"{r['methods'][m]['cost_per_hour']:.4f} ({r['methods'][m]['miss_rate']:.2%})")
         load = f"{r['load']:g}, CV {r['cv']:g}" + (", spike x3" if r["spike"] else "")
         lines.append(f"| {r['pipeline']} | {load} | {r['slo_ms']:g} | {cell('cg-mean')} | {cell('cg-peak')} | "
-                     f"{cell('inferline')} | {cell('inferline+tuner')} | {r.get('cost_ratio_vs_cg_peak', '-')} |")
+                     f"{cell('inferline')} | {cell('inferline+tuner')} | {cell('inferline+tuner+standby')} | "
+                     f"{r.get('cost_ratio_vs_cg_peak', '-')} |")
     s = run["summary"]
     gaps = list(s.get("search_gap_by_stages", {}).items())
     by_size = "; ".join(f"{n} stages: {v['min']}-{v['max']} (median {v['median']})"
@@ -296,7 +309,9 @@ def run_markdown(run: dict[str, Any], plan_percentile: float) -> list[str]:
               f"Rows where the Planner misses no more than CG-Peak: {s['rows_planner_miss_rate_no_higher_than_cg_peak']}; "
               f"no more than CG-Peak or within the p99 SLO's {SLO_MISS_RATE:.0%}: Planner "
               f"{s['rows_miss_rate_no_higher_than_cg_peak_or_within_slo']['inferline']}, Planner+Tuner "
-              f"{s['rows_miss_rate_no_higher_than_cg_peak_or_within_slo']['inferline+tuner']}; "
+              f"{s['rows_miss_rate_no_higher_than_cg_peak_or_within_slo']['inferline+tuner']}"
+              + (f", Planner+Tuner+standby {s['rows_miss_rate_no_higher_than_cg_peak_or_within_slo']['inferline+tuner+standby']}"
+                 if "inferline+tuner+standby" in s["rows_miss_rate_no_higher_than_cg_peak_or_within_slo"] else "") + "; "
               f"steady-traffic rows whose replay keeps the p99 SLO (misses <= {SLO_MISS_RATE:.0%}): "
               f"CG-Peak {s['steady_rows_within_slo_miss_rate']['cg-peak']}, "
               f"Planner {s['steady_rows_within_slo_miss_rate']['inferline']}. The Planner holds the sample's "
@@ -308,7 +323,8 @@ def run_markdown(run: dict[str, Any], plan_percentile: float) -> list[str]:
                   + " the cheapest an enumeration of every hardware and batch per stage finds; at that cheapest, "
                   "CG-Peak / Planner would reach at most "
                   + ", ".join(f"{v['cost_ratio_at_enumerated_max']:g}" for _, v in gaps) + " respectively."]),
-              *([] if not s.get("spike_miss_rates") else [_spike_line(s["spike_miss_rates"], s.get("spike_startup_s"))]),
+              *([] if not s.get("spike_miss_rates") else [_spike_line(s["spike_miss_rates"], s.get("spike_startup_s"),
+                                                                      s.get("spike_cost_ratio_vs_cg_peak_with_standby"))]),
               f"5-stage planning: {s['planning_s_5_stages_max']} s at most (target < {TARGETS['planning_s_5_stages']:g} s; "
               f"met: {s['met']['planning_s_5_stages']}). Estimator: {s['estimator_visits_per_s_median']} query-stage "
               "visits/s (median).", ""]
@@ -319,9 +335,11 @@ def _span(values: list[float]) -> dict[str, float] | None:
     return {"min": min(values), "max": max(values)} if values else None
 
 
-def _spike_line(misses: dict[str, dict[str, float]], startup_s: dict[str, float] | None) -> str:
-    """What the Tuner loses to CG-Peak on an unforeseen spike, and how much of it is its replicas' start-up
-    (``startup_s``: the span of the stages' start-ups, ask to serving; None: the runs before they were profiled)."""
+def _spike_line(misses: dict[str, dict[str, float]], startup_s: dict[str, float] | None,
+                standby_ratio: dict[str, float] | None = None) -> str:
+    """What the Tuner loses to CG-Peak on an unforeseen spike, how much of it is its replicas' start-up
+    (``startup_s``: the span of the stages' start-ups, ask to serving; None: the runs before they were profiled),
+    and what standby replicas win back at what cost (``standby_ratio``: CG-Peak's cost over that arm's)."""
     from containers.planner.estimator import STARTUP_S
 
     span = lambda m: f"{misses[m]['min']:.1%}-{misses[m]['max']:.1%}"  # noqa: E731
@@ -329,7 +347,10 @@ def _spike_line(misses: dict[str, dict[str, float]], startup_s: dict[str, float]
     start = f"{lo:.1f}-{hi:.1f} s" if hi > lo else f"{lo:g} s"
     return (f"Spike rows: Planner+Tuner misses {span('inferline+tuner')} (its replicas start in {start}), "
             f"CG-Peak {span('cg-peak')}; had the Tuner's replicas served the moment it asked for them, "
-            f"{span('inferline+tuner_instant_start')}.")
+            f"{span('inferline+tuner_instant_start')}"
+            + (f"; with {STANDBY:g} standby replicas per planned replica, {span('inferline+tuner+standby')} at "
+               f"{standby_ratio['min']:g}-{standby_ratio['max']:g}x less than CG-Peak's cost"
+               if misses.get("inferline+tuner+standby") and standby_ratio else "") + ".")
 
 
 def write_results(sim: dict[str, Any], out_dir: Path) -> None:

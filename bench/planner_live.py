@@ -15,7 +15,8 @@ within 10%). The load generator and front end are pinned to the last core, which
 the first core, where it was profiled) gives to the lightest stage. A second run steps the rate up mid-trace with the Tuner on; its replicas
 are the half-core ones, on every core, and the load and step are sized so that the replicas
 the simulated Tuner would add still fit. It reports the replica changes and
-the p99 before and after. Writes the ``live`` key of
+the p99 before and after; then the same again with ``LIVE_STANDBY`` warm standby replicas
+per planned replica, to show how much sooner a resumed one serves. Writes the ``live`` key of
 results/bench/planner.json and its section of planner.md, keeping the ``simulated`` ones;
 each run's live.json and live.png go to results/bench/planner/.
 """
@@ -45,6 +46,7 @@ LIVE_QUERIES = 1500  # a steady run lasts at least LIVE_RUN_S and long enough fo
 CLIENT_CORES = 1  # the load generator and front end are pinned to the last core
 LIVE_TARGET_P99_ERROR = 0.10
 LIVE_STEADY_REPEATS = 3  # one live run's p99 moved by 25% between two runs of the same plan and trace
+LIVE_STANDBY = 1.0  # the step run again, each stage keeping this many paused standby replicas per planned replica
 
 
 def write_live_pipeline(folder: Path, max_cores: float, min_cores: float = 0.0) -> Path:
@@ -175,6 +177,19 @@ def live_summary(record: dict[str, Any], folder: Path) -> dict[str, Any]:
             "met_p99_error": record.get("p99_error") is not None and abs(record["p99_error"]) <= LIVE_TARGET_P99_ERROR}
 
 
+def step_summary(record: dict[str, Any], step: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """What the bench keeps of a step run: the live summary, the step, and the p99 before it, after it, and after
+    the last replica joined."""
+    serving = [c["t_s"] for c in record["replica_changes"] if c["event"] == "serving"]
+    return {**_setting(step), **live_summary(record, folder), "standby": record.get("standby", 0.0),
+            "step_at_s": LIVE_STEP_AT_S, "step_factor": step["step_factor"],
+            "simulated_peak_replicas": step["simulated_peak_replicas"],
+            "p99_before_ms": p99(answered_ms(record, 0.0, LIVE_STEP_AT_S)),
+            "p99_after_ms": p99(answered_ms(record, LIVE_STEP_AT_S)),
+            "scaled_at_s": round(max(serving), 2) if serving else None,
+            "p99_after_scaled_ms": p99(answered_ms(record, max(serving))) if serving else None}
+
+
 def _setting(sized: dict[str, Any]) -> dict[str, Any]:
     """The JSON-ready part of a sized run: its load, rate, SLO and plan."""
     return {"load": sized["load"], "rate_per_s": sized["rate_per_s"], "slo_ms": sized["slo_ms"],
@@ -246,18 +261,15 @@ def run_live(out_dir: Path, seed: int = 7, rerun: bool = False) -> dict[str, Any
                 live["step"] = {"skipped": f"no load and step in {LIVE_LOADS} x {LIVE_STEPS} keep the plan and the "
                                            f"simulated Tuner's replicas within {cores:g} cores"}
             else:
-                say("step")(f"{step['rate_per_s']} q/s x{step['step_factor']:g} from {LIVE_STEP_AT_S:g} s, Tuner on")
-                now = profiled_now(step["plan"], LIVE_STEP_MAX_CORES, every)
-                record = apply_plan(step["plan"], now, step["trace"], step_dir, backend=backend,
-                                    tuner=True, cores=every, on_event=say("step"))
-                serving = [c["t_s"] for c in record["replica_changes"] if c["event"] == "serving"]
-                live["step"] = {**_setting(step), **live_summary(record, step_dir),
-                                "step_at_s": LIVE_STEP_AT_S, "step_factor": step["step_factor"],
-                                "simulated_peak_replicas": step["simulated_peak_replicas"],
-                                "p99_before_ms": p99(answered_ms(record, 0.0, LIVE_STEP_AT_S)),
-                                "p99_after_ms": p99(answered_ms(record, LIVE_STEP_AT_S)),
-                                "scaled_at_s": round(max(serving), 2) if serving else None,
-                                "p99_after_scaled_ms": p99(answered_ms(record, max(serving))) if serving else None}
+                for key, folder, standby in (("step", step_dir, 0.0),
+                                             ("step_standby", step_dir.with_name(step_dir.name + "-standby"),
+                                              LIVE_STANDBY)):
+                    say(key)(f"{step['rate_per_s']} q/s x{step['step_factor']:g} from {LIVE_STEP_AT_S:g} s, Tuner on, "
+                             f"{standby:g} standby per planned replica")
+                    now = profiled_now(step["plan"], LIVE_STEP_MAX_CORES, every)
+                    record = apply_plan(step["plan"], now, step["trace"], folder, backend=backend,
+                                        tuner=True, cores=every, standby=standby, on_event=say(key))
+                    live[key] = step_summary(record, step, folder)
         finally:
             os.sched_setaffinity(0, every)
             backend.close()
@@ -291,7 +303,11 @@ def live_markdown(live: dict[str, Any]) -> str:
              "| run | rate q/s | SLO ms | plan | queries | failed | measured p50 / p99 ms | predicted p99 ms (which) "
              "| p99 error | miss rate |", "|---|---|---|---|---|---|---|---|---|---|"]
     for tag, block in blocks:
-        for name, run in ((f"steady, plan as is{tag}", block["steady"]), (f"rate step, Tuner on{tag}", block["step"])):
+        runs = [(f"steady, plan as is{tag}", block["steady"]), (f"rate step, Tuner on{tag}", block["step"])]
+        if "step_standby" in block:
+            runs.append((f"rate step, Tuner on, {block['step_standby']['standby']:g} standby per replica{tag}",
+                         block["step_standby"]))
+        for name, run in runs:
             if "skipped" in run:
                 lines.append(f"| {name} | - | - | - | - | - | - | - | - | {run['skipped']} |")
                 continue
@@ -314,14 +330,21 @@ def live_markdown(live: dict[str, Any]) -> str:
                   f"error {steady['pooled_p99_error']:+.1%}; within {LIVE_TARGET_P99_ERROR:.0%}: "
                   f"{steady['met_p99_error']}."]
         if "skipped" not in step:
-            asked = [f"{c['t_s']:.1f} s {c['stage']} -> {c['replicas']}" for c in step["replica_changes"]
-                     if c["event"] == "asked"]
-            lines += [f"Step run{tag}: rate x{step['step_factor']:g} from {step['step_at_s']:g} s; the Tuner asked "
-                      f"{'; '.join(asked) or 'nothing'}; the last replica joined at {step['scaled_at_s']} s. p99 "
-                      f"before the step {step['p99_before_ms']} ms, after it {step['p99_after_ms']} ms, after the "
-                      f"last replica joined {step['p99_after_scaled_ms']} ms." + _start_up_line(step),
-                      f"Plots: {steady['plot']}, {step['plot']}."]
+            steps = [step] + ([block["step_standby"]] if "step_standby" in block else [])
+            lines += [_step_line(run, tag) for run in steps]
+            lines.append(f"Plots: {', '.join([steady['plot']] + [run['plot'] for run in steps])}.")
     return "\n".join(lines + [""])
+
+
+def _step_line(step: dict[str, Any], tag: str) -> str:
+    """What the Tuner asked for in a step run, when the replicas joined, and the p99 around the step."""
+    asked = [f"{c['t_s']:.1f} s {c['stage']} -> {c['replicas']}" for c in step["replica_changes"]
+             if c["event"] == "asked"]
+    standby = f" with {step['standby']:g} standby per planned replica" if step.get("standby") else ""
+    return (f"Step run{standby}{tag}: rate x{step['step_factor']:g} from {step['step_at_s']:g} s; the Tuner asked "
+            f"{'; '.join(asked) or 'nothing'}; the last replica joined at {step['scaled_at_s']} s. p99 "
+            f"before the step {step['p99_before_ms']} ms, after it {step['p99_after_ms']} ms, after the "
+            f"last replica joined {step['p99_after_scaled_ms']} ms." + _start_up_line(step))
 
 
 def _start_up_line(step: dict[str, Any]) -> str:
@@ -334,7 +357,7 @@ def _start_up_line(step: dict[str, Any]) -> str:
     modelled = step.get("modelled_startup_s")  # the runs before start-ups were profiled assumed STARTUP_S
     assumed = (", ".join(f"{s:.1f} s for {n}" for n, s in modelled.items()) + " (as profiled, with the warm-up)"
                if modelled else f"{STARTUP_S:g} s")
-    return (f" Its new replicas served {', '.join(f'{t:.1f}' for t in took)} s after the ask (the Estimator assumes "
+    return (f" Its new replicas served {', '.join(f'{t:.2f}' for t in took)} s after the ask (the Estimator assumes "
             f"{assumed}: with that, predicted p99 {step['predicted_live_schedule']['p99_ms']} ms).")
 
 

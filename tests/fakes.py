@@ -36,7 +36,7 @@ class SimulatedHost(ContainerBackend):
         self.containers: dict[str, _Container] = {}
         self.resizes = 0
 
-    def start(self, spec: ContainerSpec, timeout_s: float = 60.0) -> ContainerInfo:
+    def start(self, spec: ContainerSpec, timeout_s: float = 60.0, boost: bool = True) -> ContainerInfo:
         if spec.name in self.containers and self.containers[spec.name].running:
             raise ContainerError(f"container {spec.name} already runs")
         self.containers[spec.name] = _Container(spec, self.work_ms[spec.name])
@@ -53,6 +53,12 @@ class SimulatedHost(ContainerBackend):
 
     def stop(self, name: str) -> None:
         self.containers.pop(name, None)
+
+    def pause(self, name: str) -> None:
+        self._get(name).running = False
+
+    def resume(self, name: str) -> None:
+        self.containers[name].running = True
 
     def list(self) -> list[ContainerInfo]:
         return [self._info(c) for c in self.containers.values()]

@@ -75,8 +75,8 @@ def _killed_from_outside_then_stopped(backend: ContainerBackend, spec: Container
         backend.resize(spec.name, 1.0)
 
 
-def _quotas_while_starting(backend: ContainerBackend, spec: ContainerSpec, quota: Callable[[], str | None]
-                           ) -> list[str]:
+def _quotas_while_starting(backend: ContainerBackend, spec: ContainerSpec, quota: Callable[[], str | None],
+                           boost: bool = True) -> list[str]:
     """The CPU quota as the engine or kernel held it (``quota``; None before the container exists), read
     every 20 ms from the start's call until the server answered ``/health``."""
     answered, seen = threading.Event(), []
@@ -96,7 +96,7 @@ def _quotas_while_starting(backend: ContainerBackend, spec: ContainerSpec, quota
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        backend.start(spec)
+        backend.start(spec, boost=boost)
     finally:
         answered.set()
         watcher.join()
@@ -127,14 +127,23 @@ def test_docker_limits_are_set_and_changed_live(docker_backend, tuned_run):
     assert quota <= 0 and cpuset == "0,1"
     assert (docker_backend.info(spec.name).cpus, docker_backend.info(spec.name).cpuset) == (None, (0, 1))
     assert requests.get(f"{spec.url}/health", timeout=5).status_code == 200
+    # a standby: paused (frozen, not answering), given its cores and limit while paused, then resumed
+    docker_backend.pause(spec.name)
+    assert not docker_backend.info(spec.name).running and docker_backend.usage(spec.name) == 0.0
+    with pytest.raises(requests.RequestException):
+        requests.get(f"{spec.url}/health", timeout=0.5)
+    docker_backend.resize(spec.name, 0.5, (1,))
+    docker_backend.resume(spec.name)
+    assert inspected() == (50_000, 100_000, "1") and docker_backend.info(spec.name).running
+    assert requests.get(f"{spec.url}/health", timeout=5).status_code == 200
 
 
 @pytest.mark.docker
-@pytest.mark.parametrize("boost", [True, False])
-def test_docker_a_boosted_start_takes_its_quota_once_the_server_answers(docker_engine, tuned_run, boost):
+@pytest.mark.parametrize("boost, this_start", [(True, True), (False, True), (True, False)])
+def test_docker_a_boosted_start_takes_its_quota_once_the_server_answers(docker_engine, tuned_run, boost, this_start):
     from containers.backends.docker import DockerBackend
 
-    backend = DockerBackend(docker_engine, startup_boost=boost)
+    backend = DockerBackend(docker_engine, startup_boost=boost)  # this_start: a start may decline the boost
     spec = _spec(tuned_run.artifact, cpus=0.5, cpuset=(0,))
 
     def quota() -> str | None:
@@ -142,8 +151,8 @@ def test_docker_a_boosted_start_takes_its_quota_once_the_server_answers(docker_e
         return str(found[0].attrs["HostConfig"]["CpuQuota"]) if found else None
 
     try:
-        seen = _quotas_while_starting(backend, spec, quota)  # the last read may race the limit being applied
-        assert seen[0] == "0" if boost else set(seen) == {"50000"}
+        seen = _quotas_while_starting(backend, spec, quota, this_start)  # the last read may race the limit's setting
+        assert seen[0] == "0" if boost and this_start else set(seen) == {"50000"}
         assert quota() == "50000" and backend.info(spec.name).cpus == 0.5
     finally:
         backend.close()

@@ -14,7 +14,7 @@ import pytest
 
 from containers.errors import PlanError, ScenarioError
 from containers.planner.batchqueue import CfsBandwidth, ReplicaChange, replica_windows, serve
-from containers.planner.config import StageConfig
+from containers.planner.config import StageConfig, standby_replicas
 from containers.planner.estimator import STARTUP_S, WARMUP_REQUESTS, Estimator
 from containers.planner.hardware import PriceTable, hardware_key
 from containers.planner.pipeline import read_pipeline
@@ -341,3 +341,28 @@ def test_added_replicas_wait_for_their_profiled_container_start_and_warm_up(tmp_
     assert Estimator(slow.pipeline, arrivals, startup_s=1.0).replica_startup_s("m", "cpu-1", 1) == 1.0
     np.testing.assert_allclose(slow.estimate(cfg, 50, added, startup_s=1.5 + warmup_s).latencies_ms,
                                quick.estimate(cfg, 50, added).latencies_ms)
+
+
+def test_a_ready_standby_serves_at_once_and_another_starts_in_its_place() -> None:
+    # one standby: the first added replica resumes (0.05 s), the second starts (5 s); the standby taken at 10 s
+    # is ready again at 15 s, so the ask at 12 s starts cold and the one at 16 s resumes
+    assert replica_windows(1, [(10, 3)], 5, standby=1, resume_s=0.05) == [
+        [(0, math.inf)], [(10.05, math.inf)], [(15, math.inf)]]
+    assert replica_windows(1, [(10, 2), (11, 1), (12, 2), (16, 1), (17, 2)], 5, standby=1, resume_s=0.05) == [
+        [(0, math.inf)], [(10.05, 11), (17.05, math.inf)]]
+    with pytest.raises(PlanError, match="at least 0 s"):
+        replica_windows(1, [], 5, resume_s=-1)
+
+
+def test_standby_replicas_take_the_start_up_out_of_a_scale_up(tmp_path: Path) -> None:
+    pipeline = one_stage(tmp_path, {1: {1: 10.0}})
+    arrivals = np.arange(0, 20, 0.008)  # 125/s against one replica's 100/s
+    cfg, added = {"m": StageConfig("cpu-1", 1, 1)}, [ReplicaChange(5.0, "m", 2)]
+    cold = Estimator(pipeline, arrivals, startup_s=5).estimate(cfg, 50, added)
+    warm = Estimator(pipeline, arrivals, startup_s=5, standby=1).estimate(cfg, 50, added)
+    assert cold.latencies_ms[(arrivals > 5) & (arrivals < 10)].max() > 400  # the backlog grows until 10 s
+    assert warm.latencies_ms[arrivals > 8].max() < 30  # the 5 s backlog drained at 75/s within 2 s of the ask
+    for bad in (-1, float("nan"), "1"):
+        with pytest.raises(PlanError, match="standby replicas per planned replica must be a number of at least 0"):
+            Estimator(pipeline, arrivals, standby=bad)
+    assert [standby_replicas(share, 3) for share in (0, 0.2, 1 / 3, 1, 1.5)] == [0, 1, 1, 3, 5]

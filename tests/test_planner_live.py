@@ -173,6 +173,51 @@ def test_replicas_join_and_leave_while_queries_flow(toy: Path, tmp_path: Path) -
     assert removed_at < replicas.events_[3].t_s + 1.0  # stamped when it left the route, not after its stop
 
 
+def test_a_standby_replica_is_resumed_in_milliseconds_and_another_takes_its_place(toy: Path, tmp_path: Path) -> None:
+    from containers.backends.base import ContainerSpec
+    from containers.backends.local import LocalBackend
+    from containers.planner.replicas import ReplicaSet
+
+    pipeline = _pipeline(toy, [("m", (), 1.0)])
+    config = {"m": StageConfig("cpu-1", 1, 1, 0.0)}
+    arrivals = gamma_trace(40, 1.0, 20.0, seed=5)
+    estimator = Estimator(pipeline, arrivals)
+    frontend = Frontend(pipeline, config, estimator.visits_, stage_inputs(pipeline, config))
+    backend = LocalBackend(log_dir=tmp_path)
+    replicas = ReplicaSet(backend, frontend, {"m": [ContainerSpec("live-m-0", toy, 18790, threads=1, cpus=1.0)]},
+                          standby=1.0)
+    replicas.start()
+    driver = threading.Thread(target=frontend.drive, args=(arrivals,))
+    try:
+        paused = {info.spec.name: info.ident for info in backend.list()}
+        assert sorted(paused) == ["live-m-0", "live-m-1"] and frontend.replicas("m") == ("http://127.0.0.1:18790",)
+        assert _process_state(paused["live-m-1"]) == "T"  # frozen: warm, using no CPU
+        driver.start()
+        frontend.started.wait(5)
+        replicas.scale("m", 2)
+        deadline = time.monotonic() + 60
+        while not any(e.event == "standby" for e in replicas.events_) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        driver.join()
+        frontend.drain(10)
+    finally:
+        if driver.is_alive():
+            driver.join()
+        replicas.close()
+        queries = frontend.close()
+    events = [(e.event, e.replicas, e.container) for e in replicas.events_]
+    assert events == [("planned", 1, None), ("asked", 2, None), ("serving", 2, "live-m-1"), ("standby", 1, "live-m-2")]
+    assert start_ups(replicas.events_)["m"][0] < 0.5  # a container start takes seconds
+    assert len({b.url for b in queries.batches}) == 2  # the resumed standby served (the new one is paused)
+    assert queries.arrival_s.size == arrivals.size and not queries.failed.any()
+    assert backend.list() == []  # the new standby stopped with the rest
+
+
+def _process_state(pid: str) -> str:
+    """A process's state letter from /proc (``T``: stopped)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
 def test_an_ask_beyond_what_the_cores_hold_starts_nothing_more_and_says_so(toy: Path, tmp_path: Path) -> None:
     from containers.backends.base import ContainerSpec
     from containers.backends.local import LocalBackend
@@ -240,7 +285,7 @@ def test_the_as_served_schedule_predicts_what_the_asked_one_does_when_replicas_s
 
 
 @pytest.mark.parametrize("case", ["other pipeline", "unprofiled hardware", "not a plan", "not an artifact",
-                                  "more than the cores hold", "cores not ours"])
+                                  "more than the cores hold", "cores not ours", "negative standby"])
 def test_plan_apply_refuses_bad_input_and_starts_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                          case: str) -> None:
     import containers.backends
@@ -263,10 +308,12 @@ def test_plan_apply_refuses_bad_input_and_starts_nothing(tmp_path: Path, monkeyp
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(json.dumps(raw))
     cores = ["--cores", str(max(os.sched_getaffinity(0)) + 1)] if case == "cores not ours" else []
+    cores += ["--tuner", "--standby", "-1"] if case == "negative standby" else []
     result = CliRunner().invoke(app, ["plan", "apply", str(plan_file), "--trace", str(trace), "--out",
                                       str(tmp_path / "run"), "--pipeline", str(pipeline_file), *cores])
     assert result.exit_code == 2, result.output
-    says = {"more than the cores hold": "cores of quota", "cores not ours": "names cores this process may not use"}
+    says = {"more than the cores hold": "cores of quota", "cores not ours": "names cores this process may not use",
+            "negative standby": "standby replicas per planned replica must be a number of at least 0"}
     assert says.get(case, "") in result.output
     assert created == [] and not (tmp_path / "run" / "live.json").exists()
 

@@ -18,6 +18,7 @@ from containers.errors import PlanError
 from containers.planner.config import StageConfig, config_cost
 from containers.planner.deploy_plan import CorePlacement, plan_specs
 from containers.planner.estimator import Estimator
+from containers.planner.hardware import STANDBY_CPU_SHARE, standby_price
 from containers.planner.live import shared_cores
 from containers.planner.pipeline import read_pipeline
 from containers.planner.plan import read_plan
@@ -185,6 +186,18 @@ def test_the_tuner_scales_up_on_a_spike_and_down_after_it(chain) -> None:
     assert plan.cost_per_hour < run.cost_per_hour < 4 * plan.cost_per_hour
 
 
+def test_standby_replicas_cut_the_misses_of_a_spike_and_are_billed_at_their_memory_share(chain) -> None:
+    plan = plan_pipeline(Estimator(chain, gamma_trace(60, 1.0, 60, seed=8)), 150)
+    spike = spike_trace(60, 240, 30, 20, 150, seed=9)
+    cold, warm = (simulate_with_tuner(chain, plan, spike, standby=n) for n in (0, 1))
+    assert warm.schedule == cold.schedule  # the Tuner reads arrivals, not latencies: the same asks
+    assert warm.estimate.miss_rate < cold.estimate.miss_rate
+    held = sum(cfg.replicas * standby_price(cfg.hardware, plan.prices[name]) for name, cfg in plan.stages.items())
+    assert warm.cost - cold.cost == pytest.approx(held * float(spike[-1]) / 3600)
+    assert standby_price("cpu-1", 0.0425) == pytest.approx(0.0425 * STANDBY_CPU_SHARE)
+    assert standby_price("gpu-NVIDIAH200", 13.52) == 13.52  # a paused GPU replica still holds its GPU
+
+
 @pytest.mark.parametrize("drain", [0.0, 1.0])
 def test_the_tuner_waits_15_s_before_scaling_down(drain: float) -> None:
     tuner = Tuner({1.0: 10, 8.0: 60}, [TunedStage("m", 1.0, 10.0, 1)], drain=drain)
@@ -271,7 +284,8 @@ def test_the_plan_commands(tmp_path: Path) -> None:
     assert json.loads(slow.output)["miss_rate"] > json.loads(sim.output)["miss_rate"]  # a spike shorter than the start-up is over before help comes
     for flag, value, says in (("--startup-s", "-1", "start-up must be at least 0 s"),
                               ("--tuner-interval", "0", "intervals of more than 0 s"),
-                              ("--tuner-drain", "-1", "drain must be at least 0")):
+                              ("--tuner-drain", "-1", "drain must be at least 0"),
+                              ("--standby", "-0.5", "standby replicas per planned replica must be a number")):
         wrong = runner.invoke(app, ["plan", "simulate", str(tmp_path / "plan.json"), "--trace",
                                     str(tmp_path / "spike.txt"), "--tuner", flag, value])
         assert wrong.exit_code == 2 and says in wrong.output, wrong.output

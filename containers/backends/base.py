@@ -69,8 +69,9 @@ class ContainerBackend(ABC):
     startup_boost: bool = True  # a start runs without its CPU limit (its cpuset holds) until the server answers
 
     @abstractmethod
-    def start(self, spec: ContainerSpec, timeout_s: float = 60.0) -> ContainerInfo:
-        """Start ``spec`` and return once its server answers ``/health``.
+    def start(self, spec: ContainerSpec, timeout_s: float = 60.0, boost: bool = True) -> ContainerInfo:
+        """Start ``spec`` and return once its server answers ``/health``; ``boost``: as ``startup_boost`` has it
+        (False: under its limit throughout, for a start nothing waits on that must not crowd its neighbours).
 
         Raises:
             ContainerError: the name is taken, or the server did not become healthy in time.
@@ -90,6 +91,14 @@ class ContainerBackend(ABC):
         """Stop and remove the container; stopping one already gone is not an error."""
 
     @abstractmethod
+    def pause(self, name: str) -> None:
+        """Freeze a running container: it keeps its memory and state, and uses no CPU until ``resume``."""
+
+    @abstractmethod
+    def resume(self, name: str) -> None:
+        """Thaw a paused container; its server answers again within milliseconds."""
+
+    @abstractmethod
     def list(self) -> list[ContainerInfo]:
         """Every container this backend started and has not stopped, running or not."""
 
@@ -98,13 +107,13 @@ class ContainerBackend(ABC):
         for info in self.list():
             self.stop(info.spec.name)
 
-    def start_cpus(self, spec: ContainerSpec) -> float | None:
+    def start_cpus(self, spec: ContainerSpec, boost: bool = True) -> float | None:
         """The CPU limit a start of ``spec`` runs under until its server answers."""
-        return None if self.startup_boost else spec.cpus
+        return None if self.startup_boost and boost else spec.cpus
 
-    def settle(self, spec: ContainerSpec) -> None:
+    def settle(self, spec: ContainerSpec, boost: bool = True) -> None:
         """Give a started ``spec`` its own CPU limit, if the start ran without it."""
-        if self.start_cpus(spec) != spec.cpus:
+        if self.start_cpus(spec, boost) != spec.cpus:
             self.resize(spec.name, spec.cpus, spec.cpuset)
 
     def info(self, name: str) -> ContainerInfo:

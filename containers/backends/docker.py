@@ -58,7 +58,7 @@ class DockerBackend(ContainerBackend):
         self._baselines: dict[str, tuple[int, float]] = {}  # name -> (CPU ns, epoch s)
         self._image: str | None = None
 
-    def start(self, spec: ContainerSpec, timeout_s: float = 60.0) -> ContainerInfo:
+    def start(self, spec: ContainerSpec, timeout_s: float = 60.0, boost: bool = True) -> ContainerInfo:
         check_spec(spec)
         with self._errors(spec.name, "start"):
             for found in self.client.containers.list(all=True, filters={"name": f"^/{PREFIX}{spec.name}$"}):
@@ -70,9 +70,9 @@ class DockerBackend(ContainerBackend):
         try:
             with self._errors(spec.name, "start"):
                 container = self.client.containers.run(image, server_command(spec),
-                                                       **_run_options(spec, self.start_cpus(spec)))
+                                                       **_run_options(spec, self.start_cpus(spec, boost)))
             wait_healthy(spec, timeout_s, alive=lambda: self._alive(container))
-            self.settle(spec)
+            self.settle(spec, boost)
         except BackendUnavailable:
             raise
         except ContainerError as err:
@@ -112,6 +112,16 @@ class DockerBackend(ContainerBackend):
                 container.remove(force=True)
             except docker.errors.NotFound:
                 pass
+
+    def pause(self, name: str) -> None:
+        container = self._get(name)
+        with self._errors(name, "pause"):
+            container.pause()
+
+    def resume(self, name: str) -> None:
+        container = self._get(name)
+        with self._errors(name, "resume"):
+            container.unpause()
 
     def list(self) -> list[ContainerInfo]:
         with self._errors(None, "list"):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import math
 import os
+import signal
 import subprocess
 import tempfile
 import time
@@ -53,7 +54,7 @@ class LocalBackend(ContainerBackend):
         self.limits = self._limiter.limits
         self._servers: dict[str, _Server] = {}
 
-    def start(self, spec: ContainerSpec, timeout_s: float = 60.0) -> ContainerInfo:
+    def start(self, spec: ContainerSpec, timeout_s: float = 60.0, boost: bool = True) -> ContainerInfo:
         check_spec(spec)
         if spec.name in self._servers:
             raise ContainerError(f"a container named {spec.name!r} already exists; stop it first")
@@ -64,13 +65,13 @@ class LocalBackend(ContainerBackend):
             process = subprocess.Popen(server_command(spec), stdin=subprocess.DEVNULL, stdout=log,
                                        stderr=subprocess.STDOUT, start_new_session=True,
                                        env={**os.environ, "TVM_NUM_THREADS": str(spec.threads)})
-        server = self._servers[spec.name] = _Server(spec, process, self.start_cpus(spec), spec.cpuset)
+        server = self._servers[spec.name] = _Server(spec, process, self.start_cpus(spec, boost), spec.cpuset)
         try:
             with _cgroup_errors(spec.name):
                 self._limiter.attach(spec.name, process.pid)
                 self._limiter.limit(spec.name, process.pid, server.cpus, spec.cpuset)
             wait_healthy(spec, timeout_s, alive=lambda: process.poll() is None)
-            self.settle(spec)
+            self.settle(spec, boost)
         except BackendUnavailable:
             self.stop(spec.name)
             raise
@@ -100,9 +101,27 @@ class LocalBackend(ContainerBackend):
         server = self._servers.pop(name, None)
         if server is None:
             return
+        try:
+            os.killpg(server.process.pid, signal.SIGCONT)  # a paused server takes its SIGTERM only once thawed
+        except ProcessLookupError:
+            pass
         terminate(server.process, STOP_GRACE_S)
         with _cgroup_errors(name):
             self._limiter.detach(name)
+
+    def pause(self, name: str) -> None:
+        self._signal(name, signal.SIGSTOP)
+
+    def resume(self, name: str) -> None:
+        self._signal(name, signal.SIGCONT)
+
+    def _signal(self, name: str, sig: signal.Signals) -> None:
+        """Send ``sig`` to the server's process group (it runs in a session of its own)."""
+        server = self._server(name)
+        try:
+            os.killpg(server.process.pid, sig)
+        except ProcessLookupError:
+            raise ContainerError(f"container {name}'s server has exited; it cannot be paused or resumed") from None
 
     def list(self) -> list[ContainerInfo]:
         return [ContainerInfo(spec=server.spec, running=server.process.poll() is None, cpus=server.cpus,

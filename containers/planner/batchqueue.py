@@ -137,24 +137,32 @@ class ServiceJitter:
         return self._shapes[idle][level if level < self.levels else self.levels - 1]
 
 
-def replica_windows(initial: int, changes: Sequence[tuple[float, int]], startup_s: float
-                    ) -> list[list[tuple[float, float]]]:
+def replica_windows(initial: int, changes: Sequence[tuple[float, int]], startup_s: float, standby: int = 0,
+                    resume_s: float = 0.0) -> list[list[tuple[float, float]]]:
     """For each replica slot, the ``[start, end)`` spans in which it serves.
 
     ``initial`` replicas serve from time 0. A change to more replicas adds slots that serve
-    ``startup_s`` after the change (a container starting); a change to fewer retires the
-    newest slots at once (they finish the batch in hand). A slot retired before it was ready
-    never serves.
+    ``startup_s`` after the change (a container starting), or ``resume_s`` after it where one of
+    ``standby`` warm, paused replicas is ready: that one is resumed and a new standby starts in
+    its place (ready ``startup_s`` later). A change to fewer retires the newest slots at once
+    (they finish the batch in hand). A slot retired before it was ready never serves.
     """
     if not startup_s >= 0:
         raise PlanError(f"a replica's start-up must be at least 0 s; got {startup_s!r}")
+    if not resume_s >= 0:
+        raise PlanError(f"a standby replica's resume must be at least 0 s; got {resume_s!r}")
     slots: list[list[list[float]]] = [[[0.0, math.inf]] for _ in range(initial)]
+    pool = [0.0] * standby  # when each standby is ready (a heap)
     count = initial
     for at, replicas in sorted(changes, key=lambda c: c[0]):
         for r in range(count, replicas):
             if r == len(slots):
                 slots.append([])
-            slots[r].append([at + startup_s, math.inf])
+            if pool and pool[0] <= at:
+                heapq.heapreplace(pool, at + startup_s)
+                slots[r].append([at + resume_s, math.inf])
+            else:
+                slots[r].append([at + startup_s, math.inf])
         for r in range(replicas, count):
             slots[r][-1][1] = at
             if slots[r][-1][1] <= slots[r][-1][0]:

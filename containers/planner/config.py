@@ -7,6 +7,7 @@ are frozen and hashable, so the Estimator can cache what it simulated for them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -49,6 +50,17 @@ def check_config(pipeline: Pipeline, config: Config) -> None:
         raise PlanError(f"the configuration's stages {sorted(config)} are not the pipeline's {sorted(names)}")
     for stage in pipeline.stages:
         stage.profile.point(config[stage.name].hardware, config[stage.name].batch_size)
+
+
+def check_standby(standby: float) -> None:
+    """Refuse a standby share (warm, paused replicas per planned replica) that is not a number of at least 0."""
+    if isinstance(standby, bool) or not isinstance(standby, (int, float)) or not 0 <= standby < math.inf:
+        raise PlanError(f"standby replicas per planned replica must be a number of at least 0; got {standby!r}")
+
+
+def standby_replicas(standby: float, planned: int) -> int:
+    """The warm standbys a stage of ``planned`` replicas keeps at ``standby`` per planned replica (rounded up)."""
+    return math.ceil(standby * planned - 1e-9)
 
 
 def stage_cost(pipeline: Pipeline, name: str, config: StageConfig) -> float:

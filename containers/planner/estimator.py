@@ -34,13 +34,15 @@ import numpy as np
 
 from containers.backends import PERIOD_US
 from containers.errors import PlanError
-from containers.planner.config import Config, check_config
+from containers.planner.config import Config, check_config, check_standby, standby_replicas
 from containers.planner.pipeline import Pipeline
 from containers.planner.batchqueue import ReplicaChange, ServiceJitter, SlowSpells, replica_windows, serve
 from containers.planner.trace import check_trace
 
 SHAPE_LEVELS = 256  # service-time quantile levels drawn from
 STARTUP_S = 5.0  # ask to serving, for a replica whose container start was not profiled
+RESUME_S = 0.05  # ask to serving, for a warm standby replica: its cores and limit set, unpaused, routed (a Docker
+# unpause took 8-10 ms and the server's first /health after it 2 ms more here)
 WARMUP_REQUESTS = 2  # of each batch size a new replica serves back to back before it is routed to: a started
 # server's first request of a size ran 1.5-7x slower (connection and first run), its second as steadily as any later
 
@@ -107,15 +109,21 @@ class Estimator:
         startup_s: how long a replica added by a schedule takes from the ask to serving, on every stage;
             None: its stage's profiled container start on its hardware, plus its warm-up (``STARTUP_S``
             where the start was not profiled).
+        standby: warm, paused replicas each stage keeps for a schedule's scale-ups, per replica it is
+            configured with (``standby_replicas``): one that is ready serves ``resume_s`` after the ask, and
+            another starts in its place (``replica_windows``).
         cache_bytes: memory for stage results kept for reuse between calls.
         slo_percentile: the latency percentile that ``feasible`` holds to the SLO (99: a p99 SLO).
     """
 
     def __init__(self, pipeline: Pipeline, arrivals: np.ndarray, seed: int = 0, startup_s: float | None = None,
-                 cache_bytes: int = 64 << 20, slo_percentile: float = 99.0) -> None:
+                 cache_bytes: int = 64 << 20, slo_percentile: float = 99.0, standby: float = 0.0,
+                 resume_s: float = RESUME_S) -> None:
         if not 50 <= slo_percentile < 100:
             raise PlanError(f"the SLO percentile must be in [50, 100); got {slo_percentile!r}")
+        check_standby(standby)
         self.pipeline, self.seed, self.startup_s, self.slo_percentile = pipeline, seed, startup_s, slo_percentile
+        self.standby, self.resume_s = standby, resume_s
         self.arrivals = check_trace(arrivals)
         self.cache_size = max(8, cache_bytes // (8 * self.arrivals.size))
         rng = np.random.default_rng(seed)
@@ -216,7 +224,8 @@ class Estimator:
         service_s = [0.0] + [p.mean_ms / 1e3 for p in points]
         idle_s = [0.0] + [(p.idle or p).mean_ms / 1e3 for p in points] if any(p.idle for p in points) else None
         start_s = self.replica_startup_s(name, cfg.hardware, cfg.batch_size) if startup_s is None else startup_s
-        windows = replica_windows(cfg.replicas, [(c.at_s, c.replicas) for c in changes], start_s)
+        windows = replica_windows(cfg.replicas, [(c.at_s, c.replicas) for c in changes], start_s,
+                                  standby_replicas(self.standby, cfg.replicas), self.resume_s)
         share = stage.profile.quota_share(cfg.hardware)
         try:
             finished = serve(ready[order].tolist(), service_s, cfg.batch_size, cfg.batch_timeout_ms / 1e3, windows,

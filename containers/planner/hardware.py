@@ -34,6 +34,12 @@ GPU_PRICES: Mapping[str, float] = {
     "H200": 13.52,
 }
 
+# A warm standby replica (started, warmed up, paused) holds its memory and none of its CPU. Priced as the memory
+# share of an instance: Fargate bills $0.04048 per vCPU-hour and $0.004445 per GB-hour (us-east-1, Linux/x86), so
+# a c6i's 2 GB per vCPU is 18% of its price; a model server here holds well under 2 GB. A GPU replica paused keeps
+# its GPU's memory, so the GPU is not rented to anyone else: full price.
+STANDBY_CPU_SHARE = 0.18
+
 _CPU_KEY = re.compile(r"^cpu-(\d+(?:\.\d+)?)$")
 
 
@@ -55,6 +61,11 @@ def hardware_key(hardware: Mapping[str, Any]) -> str:
     if cores < 1:
         raise ValueError(f"CPU hardware {dict(hardware)} has no cpu_limit, cores or threads")
     return f"cpu-{cores}"
+
+
+def standby_price(key: str, price: float) -> float:
+    """Dollars per hour for a paused standby replica on ``key``, whose serving replica costs ``price``."""
+    return price * STANDBY_CPU_SHARE if cpu_cores(key) is not None else price
 
 
 def cpu_cores(key: str) -> float | None:

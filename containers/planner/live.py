@@ -85,7 +85,7 @@ class LiveTuner:
 def apply_plan(plan: Plan, pipeline: Pipeline, arrivals: np.ndarray, out_dir: Path,
                backend: str | ContainerBackend = "auto", tuner: bool = False, seed: int = 0,
                base_port: int = BASE_PORT, duration_s: float | None = None, drain_s: float = DRAIN_S,
-               cores: Sequence[int] | None = None, tuner_drain: float = DRAIN,
+               cores: Sequence[int] | None = None, tuner_drain: float = DRAIN, standby: float = 0.0,
                on_event: Callable[[str], None] = lambda text: None) -> dict[str, Any]:
     """Serve ``plan`` live over ``arrivals`` and return (and write into ``out_dir``) the run's record.
 
@@ -95,6 +95,7 @@ def apply_plan(plan: Plan, pipeline: Pipeline, arrivals: np.ndarray, out_dir: Pa
         duration_s: only the arrivals before this many seconds are sent.
         cores: the cores the replicas are pinned to (``CorePlacement``); default: every core this process may use.
         tuner_drain: with the Tuner, how many times its step again each scale-up adds (``Tuner``).
+        standby: warm, paused replicas each stage keeps for the Tuner's scale-ups, per planned replica (``ReplicaSet``).
 
     Raises:
         PlanError: the plan is not for this pipeline or does not fit it, or a stage is not on CPU.
@@ -114,13 +115,14 @@ def apply_plan(plan: Plan, pipeline: Pipeline, arrivals: np.ndarray, out_dir: Pa
         check_spec(spec)
         if not port_free(spec.host, spec.port):
             raise ScenarioError(f"port {spec.port} (for {spec.name}) is in use; give another base port")
-    estimator = Estimator(pipeline, arrivals, seed=seed)
+    estimator = Estimator(pipeline, arrivals, seed=seed, standby=standby)
     policy = Tuner.for_plan(plan, estimator, drain=tuner_drain) if tuner else None  # a bad setting fails before starts
     frontend = Frontend(pipeline, plan.stages, estimator.visits_, stage_inputs(pipeline, plan.stages))
     out_dir.mkdir(parents=True, exist_ok=True)
     engine = create_backend(backend)
     replicas = ReplicaSet(engine, frontend, group_specs(specs, {s.name: plan.stages[s.name].replicas
-                                                                for s in pipeline.stages}), placement)
+                                                                for s in pipeline.stages}), placement,
+                          standby=standby)
     on_event(f"starting {len(specs)} replicas on the {engine.kind} backend")
     replicas.start()
     live_tuner = LiveTuner(policy, frontend, replicas, arrivals) if policy is not None else None
@@ -213,8 +215,8 @@ def live_record(plan: Plan, estimator: Estimator, queries: LiveQueries, events: 
     record["compared_with"] = "predicted"
     if tuner:
         run = simulate_with_tuner(estimator.pipeline, plan, estimator.arrivals, seed=estimator.seed,
-                                  startup_s=estimator.startup_s, drain=tuner_drain)
-        record["tuner_drain"] = tuner_drain
+                                  startup_s=estimator.startup_s, drain=tuner_drain, standby=estimator.standby)
+        record["tuner_drain"], record["standby"] = tuner_drain, estimator.standby
         record["predicted_with_tuner"] = {**_latencies(run.estimate), "replica_changes": len(run.schedule)}
         schedule = [ReplicaChange(e.t_s, e.stage, e.replicas) for e in events if e.event == "asked"]
         record["predicted_live_schedule"] = _latencies(estimator.estimate(plan.stages, plan.slo_ms, schedule))

@@ -14,7 +14,7 @@ def replica_steps(record: dict[str, Any]) -> dict[str, list[tuple[float, int]]]:
     """Per stage, (time, replicas serving) at each change, from the plan's count at 0."""
     steps: dict[str, list[tuple[float, int]]] = {}
     for e in record["replica_changes"]:
-        if e["event"] not in ("asked", "capped"):  # those count replicas asked for, not serving
+        if e["event"] in ("planned", "serving", "removed", "failed"):  # others count replicas asked for, or standbys
             steps.setdefault(e["stage"], []).append((e["t_s"], e["replicas"]))
     return steps
 

@@ -14,6 +14,12 @@ A replica added later is pinned like the planned ones, to the cores a
 ``CorePlacement`` finds least committed then; a stopped one gives its cores back. An ask
 for more than the cores can hold starts what fits and records the rest as ``capped``: a
 Tuner that scales to a burst's rate must not pile containers onto cores already full.
+
+A stage may keep warm standby replicas: started and warmed up like any other, then paused
+(frozen: memory held, no CPU used). An ask for more takes a ready standby first: its cores
+are chosen then, its limit set, it is resumed and routed in tens of milliseconds instead of a
+container start of seconds, and a new standby starts in its place, under its CPU limit (no
+start boost: nothing waits on it, and the stage's neighbours are serving a burst).
 """
 
 from __future__ import annotations
@@ -23,10 +29,12 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from functools import partial
 
 from containers.backends.base import HOST, ContainerBackend, ContainerSpec
 from containers.client import InferenceClient
 from containers.errors import ContainerError, PlanError, ScenarioError
+from containers.planner.config import check_standby, standby_replicas
 from containers.planner.deploy_plan import CorePlacement
 from containers.planner.estimator import WARMUP_REQUESTS
 from containers.planner.frontend import Frontend
@@ -41,8 +49,10 @@ class ReplicaEvent:
             replica left the route, before its container was stopped.
         replicas: the count after the change: asked for (``asked``) or serving (the others).
         event: ``planned``, ``asked`` (the Tuner's new count), ``serving`` (a replica added to the route),
-            ``removed`` (taken out and stopped), ``failed`` (a start that did not come up), or ``capped``
-            (an ask the cores could not hold: ``replicas`` is the count serving and starting after it).
+            ``removed`` (taken out and stopped), ``failed`` (a start that did not come up), ``capped``
+            (an ask the cores could not hold: ``replicas`` is the count serving and starting after it),
+            ``standby`` (a standby warmed up and paused: ``replicas`` is the stage's ready standbys), or
+            ``standby failed`` (one that did not come up).
         container: the container it concerns; None for ``planned`` and ``asked``.
         error: why a start failed or an ask was capped, or a stop did not go cleanly.
     """
@@ -67,18 +77,23 @@ class ReplicaSet:
             pinned by it too. None: later replicas copy the first one's cpuset.
         start_timeout_s: how long a container may take to answer ``/health``.
         warmup_requests: how many requests of each size warm a replica up once it answers.
+        standby: warm, paused replicas each stage keeps for later asks, per planned replica
+            (``standby_replicas``); each runs, until it is resumed, on its stage's first replica's cores.
     """
 
     def __init__(self, backend: ContainerBackend, frontend: Frontend, specs: dict[str, Sequence[ContainerSpec]],
                  placement: CorePlacement | None = None, start_timeout_s: float = 60.0,
-                 warmup_requests: int = WARMUP_REQUESTS) -> None:
+                 warmup_requests: int = WARMUP_REQUESTS, standby: float = 0.0) -> None:
         if not all(specs.values()):
             raise ScenarioError("every stage needs at least one planned replica")
+        check_standby(standby)
         self.backend, self.frontend, self.specs, self.start_timeout_s = backend, frontend, specs, start_timeout_s
         self.placement, self.warmup_requests = placement, warmup_requests
         self.serving_: dict[str, list[ContainerSpec]] = {stage: [] for stage in specs}
         self.events_: list[ReplicaEvent] = []
         self._starting: dict[str, list[ContainerSpec]] = {stage: [] for stage in specs}
+        self.standby, self._standby = standby, {stage: [] for stage in specs}  # ready ones, paused
+        self._closing = False
         self._cancelled: set[str] = set()
         self._next = {stage: len(s) for stage, s in specs.items()}
         self._ports = {spec.port for s in specs.values() for spec in s}
@@ -86,16 +101,22 @@ class ReplicaSet:
         self._lock = threading.Lock()
 
     def start(self) -> None:
-        """Start every planned replica side by side and route to them; on any failure stop them all and raise."""
-        stages, everything = zip(*[(stage, spec) for stage, s in self.specs.items() for spec in s])
+        """Start every planned replica and standby side by side and route to the planned ones; on any failure stop
+        them all and raise."""
+        spares = {stage: [self._new_spec(stage, pinned=False) for _ in range(standby_replicas(self.standby, len(s)))]
+                  for stage, s in self.specs.items()}
+        stages, everything = zip(*[(stage, spec) for group in (self.specs, spares)
+                                   for stage, s in group.items() for spec in s])
         with ThreadPoolExecutor(max_workers=len(everything)) as pool:
-            outcomes = list(zip(everything, pool.map(self._try_start, stages, everything)))
+            outcomes = list(zip(everything, pool.map(self._try_start, stages, everything,
+                                                     [spec in spares[stage] for stage, spec in zip(stages, everything)])))
         errors = [f"{spec.name}: {err}" for spec, err in outcomes if err is not None]
         if errors:
             for spec, err in outcomes:
                 if err is None:
                     self.backend.stop(spec.name)
             raise ContainerError(f"the plan's replicas did not all start; {'; '.join(errors)}")
+        self._standby = spares
         for stage, specs in self.specs.items():
             for spec in specs:
                 self.frontend.add_replica(stage, spec.url)
@@ -111,14 +132,20 @@ class ReplicaSet:
             starting = [s for s in self._starting[stage] if s.name not in self._cancelled]
             have = len(self.serving_[stage]) + len(starting)
             for added in range(replicas - have):
+                spare = self._standby[stage][0] if self._standby[stage] else None
                 try:
-                    spec = self._new_spec(stage)
+                    spec = self._new_spec(stage) if spare is None else replace(spare, cpuset=self._cores(spare))
                 except PlanError as err:  # the cores are full: start what fits, say what did not
                     self.events_.append(ReplicaEvent(self.frontend.clock(), stage, have + added, "capped",
                                                      error=str(err)))
                     break
                 self._starting[stage].append(spec)
-                self._spawn(self._grow, stage, spec)
+                if spare is None:
+                    self._spawn(self._grow, stage, spec)
+                    continue
+                self._standby[stage].pop(0)
+                self._spawn(partial(self._grow, resume=True), stage, spec)
+                self._spawn(self._fill, stage, self._new_spec(stage, pinned=False))
             for spec in list(reversed(starting))[: max(have - replicas, 0)]:
                 self._cancelled.add(spec.name)
             for spec in self.serving_[stage][::-1][: max(have - replicas - len(starting), 0)]:
@@ -128,22 +155,44 @@ class ReplicaSet:
     def close(self) -> None:
         """Wait for starts and stops in progress, take every replica out of the route, and stop all containers."""
         with self._lock:
+            self._closing = True
             for specs in self._starting.values():
                 self._cancelled.update(s.name for s in specs)
         for worker in list(self._workers):
             worker.join()
+        for spares in self._standby.values():
+            for spec in spares:
+                self.backend.stop(spec.name)
+            spares.clear()
         for stage, specs in self.serving_.items():
             for spec in specs:
                 self.frontend.remove_replica(stage, spec.url)
                 self.backend.stop(spec.name)
             specs.clear()
 
-    def _try_start(self, stage: str, spec: ContainerSpec) -> str | None:
-        """Start ``spec`` and warm it up; why that failed, or None."""
+    def _try_start(self, stage: str, spec: ContainerSpec, spare: bool = False) -> str | None:
+        """Start ``spec`` and warm it up; a ``spare`` (a standby) starts under its limit and is paused then.
+        Why that failed (and what started was stopped), or None."""
         try:
-            self.backend.start(spec, self.start_timeout_s)
-            self._warm_up(stage, spec)
+            self.backend.start(spec, self.start_timeout_s, boost=not spare)
         except ContainerError as err:
+            return str(err)
+        try:
+            self._warm_up(stage, spec)
+            if spare:
+                self.backend.pause(spec.name)
+        except ContainerError as err:
+            self.backend.stop(spec.name)
+            return str(err)
+        return None
+
+    def _try_resume(self, spec: ContainerSpec) -> str | None:
+        """Give a paused standby ``spec``'s cores and limit and thaw it; why that failed (and it was stopped), or None."""
+        try:
+            self.backend.resize(spec.name, spec.cpus, spec.cpuset)
+            self.backend.resume(spec.name)
+        except ContainerError as err:
+            self.backend.stop(spec.name)
             return str(err)
         return None
 
@@ -159,14 +208,15 @@ class ReplicaSet:
         finally:
             client.close()
 
-    def _new_spec(self, stage: str) -> ContainerSpec:
-        """The stage's next replica: its planned size, the next name and free port (caller holds the lock).
+    def _new_spec(self, stage: str, pinned: bool = True) -> ContainerSpec:
+        """The stage's next replica: its planned size, the next name and free port (caller holds the lock);
+        ``pinned``: on the cores ``placement`` finds least committed (else the stage's first replica's).
 
         Raises:
             PlanError: ``placement``'s cores cannot hold another replica of the stage's size.
         """
         template = self.specs[stage][0]
-        cpuset = self.placement.take(template.cpus or 1.0) if self.placement else template.cpuset
+        cpuset = self._cores(template) if pinned else template.cpuset
         port = max(self._ports) + 1
         while not port_free(template.host, port):
             port += 1
@@ -174,6 +224,10 @@ class ReplicaSet:
         name = f"{template.name.rsplit('-', 1)[0]}-{self._next[stage]}"
         self._next[stage] += 1
         return replace(template, name=name, port=port, cpuset=cpuset)
+
+    def _cores(self, template: ContainerSpec) -> tuple[int, ...] | None:
+        """Cores for another replica of ``template``'s size (caller holds the lock); raises ``PlanError`` when full."""
+        return self.placement.take(template.cpus or 1.0) if self.placement else template.cpuset
 
     def _release(self, spec: ContainerSpec) -> None:
         """``spec``'s cores are free again (caller holds the lock)."""
@@ -185,9 +239,9 @@ class ReplicaSet:
         self._workers.append(thread)
         thread.start()
 
-    def _grow(self, stage: str, spec: ContainerSpec) -> None:
-        """Start one replica; route to it unless it was cancelled meanwhile."""
-        error = self._try_start(stage, spec)
+    def _grow(self, stage: str, spec: ContainerSpec, resume: bool = False) -> None:
+        """Start one replica (``resume``: resume a standby); route to it unless it was cancelled meanwhile."""
+        error = self._try_resume(spec) if resume else self._try_start(stage, spec)
         with self._lock:
             self._starting[stage].remove(spec)
             if error is not None:
@@ -202,6 +256,21 @@ class ReplicaSet:
                                                  spec.name))
                 return
             self._release(spec)
+        self.backend.stop(spec.name)
+
+    def _fill(self, stage: str, spec: ContainerSpec) -> None:
+        """Start a standby in the place of one resumed and keep it paused."""
+        error = self._try_start(stage, spec, spare=True)
+        with self._lock:
+            if error is None and not self._closing:
+                self._standby[stage].append(spec)
+                self.events_.append(ReplicaEvent(self.frontend.clock(), stage, len(self._standby[stage]), "standby",
+                                                 spec.name))
+                return
+            if error is not None:
+                self.events_.append(ReplicaEvent(self.frontend.clock(), stage, len(self._standby[stage]),
+                                                 "standby failed", spec.name, error))
+                return
         self.backend.stop(spec.name)
 
     def _shrink(self, stage: str, spec: ContainerSpec) -> None:

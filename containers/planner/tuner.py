@@ -46,6 +46,8 @@ import numpy as np
 from containers.errors import PlanError
 from containers.planner.batchqueue import ReplicaChange
 from containers.planner.estimator import Estimate, Estimator
+from containers.planner.config import standby_replicas
+from containers.planner.hardware import standby_price
 from containers.planner.pipeline import Pipeline
 from containers.planner.plan import Plan
 from containers.planner.trace import max_arrivals
@@ -186,15 +188,17 @@ class TunedRun:
 
 def simulate_with_tuner(pipeline: Pipeline, plan: Plan, arrivals: np.ndarray, seed: int = 0,
                         startup_s: float | None = None, interval_s: float = INTERVAL_S, rho: float = RHO,
-                        drain: float = DRAIN) -> TunedRun:
+                        drain: float = DRAIN, standby: float = 0.0) -> TunedRun:
     """Run ``plan`` over ``arrivals`` with the Tuner observing every ``interval_s`` of trace time.
 
     New replicas serve ``startup_s`` after the Tuner asks for them (a container starting; None: as
-    each stage's container start was profiled, see ``Estimator``).
+    each stage's container start was profiled, see ``Estimator``), or at once from one of
+    ``standby`` warm replicas per planned replica (``standby_replicas``), each billed at ``standby_price``
+    for the whole trace.
     """
     if not interval_s > 0:
         raise PlanError(f"the Tuner must look at the traffic at intervals of more than 0 s; got {interval_s!r}")
-    estimator = Estimator(pipeline, arrivals, seed=seed, startup_s=startup_s)
+    estimator = Estimator(pipeline, arrivals, seed=seed, startup_s=startup_s, standby=standby)
     tuner = Tuner.for_plan(plan, estimator, rho, drain)
     end = float(estimator.arrivals[-1])
     schedule = [ReplicaChange(float(now), name, replicas)
@@ -204,7 +208,8 @@ def simulate_with_tuner(pipeline: Pipeline, plan: Plan, arrivals: np.ndarray, se
     for name, cfg in plan.stages.items():
         points = [(0.0, cfg.replicas)] + [(c.at_s, c.replicas) for c in schedule if c.stage == name] + [(end, 0)]
         replica_s = sum(n * (t1 - t0) for (t0, n), (t1, _) in zip(points, points[1:]))
-        dollars += replica_s / 3600 * plan.prices[name]
+        held_s = standby_replicas(standby, cfg.replicas) * end
+        dollars += (replica_s * plan.prices[name] + held_s * standby_price(cfg.hardware, plan.prices[name])) / 3600
     estimate = estimator.estimate(plan.stages, plan.slo_ms, schedule)
     return TunedRun(estimate, tuple(schedule), dollars, dollars / max(end, 1e-9) * 3600,
                     estimator.startups(plan.stages))
