@@ -136,6 +136,10 @@ def test_docker_limits_are_set_and_changed_live(docker_backend, tuned_run):
     docker_backend.resume(spec.name)
     assert inspected() == (50_000, 100_000, "1") and docker_backend.info(spec.name).running
     assert requests.get(f"{spec.url}/health", timeout=5).status_code == 200
+    docker_backend.pause(spec.name)  # a standby left paused is stopped as promptly as any other
+    started = time.monotonic()
+    docker_backend.stop(spec.name)
+    assert time.monotonic() - started < 1.9 and spec.name not in [i.spec.name for i in docker_backend.list()]
 
 
 @pytest.mark.docker

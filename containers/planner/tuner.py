@@ -45,8 +45,8 @@ import numpy as np
 
 from containers.errors import PlanError
 from containers.planner.batchqueue import ReplicaChange
-from containers.planner.estimator import Estimate, Estimator
 from containers.planner.config import standby_replicas
+from containers.planner.estimator import Estimate, Estimator
 from containers.planner.hardware import standby_price
 from containers.planner.pipeline import Pipeline
 from containers.planner.plan import Plan
