@@ -278,6 +278,11 @@ def test_the_plan_commands(tmp_path: Path) -> None:
                               "--tuner", "--json"])
     assert sim.exit_code == 0, sim.output
     assert json.loads(sim.output)["replica_changes"] > 0
+    warm = runner.invoke(app, ["plan", "simulate", str(tmp_path / "plan.json"), "--trace", str(tmp_path / "spike.txt"),
+                               "--tuner", "--standby", "2", "--json"])
+    assert warm.exit_code == 0, warm.output
+    cold, held = json.loads(sim.output), json.loads(warm.output)
+    assert held["standby"] == 2 and held["miss_rate"] < cold["miss_rate"] and held["cost_per_hour"] > cold["cost_per_hour"]
     slow = runner.invoke(app, ["plan", "simulate", str(tmp_path / "plan.json"), "--trace", str(tmp_path / "spike.txt"),
                                "--tuner", "--startup-s", "30", "--tuner-interval", "2", "--json"])
     assert slow.exit_code == 0, slow.output
