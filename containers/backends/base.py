@@ -1,7 +1,8 @@
 """The container backend: what the QoE manager and the planner may ask of a container engine.
 
 A backend starts model servers, changes their CPU limit and cpuset while they run,
-reports the CPU they use, and stops them. It holds no policy: who gets how much CPU
+reports the CPU they use, pauses and resumes them (a warm standby holds memory, no CPU),
+and stops them. It holds no policy: who gets how much CPU
 is decided above it (``containers.qoe``) and handed down as numbers.
 
 A start is boosted (``startup_boost``, as Kubernetes' startup CPU boost): the server loads
