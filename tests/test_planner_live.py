@@ -285,7 +285,8 @@ def test_the_as_served_schedule_predicts_what_the_asked_one_does_when_replicas_s
 
 
 @pytest.mark.parametrize("case", ["other pipeline", "unprofiled hardware", "not a plan", "not an artifact",
-                                  "more than the cores hold", "cores not ours", "negative standby"])
+                                  "more than the cores hold", "cores not ours", "negative standby",
+                                  "standby without the Tuner"])
 def test_plan_apply_refuses_bad_input_and_starts_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                          case: str) -> None:
     import containers.backends
@@ -309,11 +310,13 @@ def test_plan_apply_refuses_bad_input_and_starts_nothing(tmp_path: Path, monkeyp
     plan_file.write_text(json.dumps(raw))
     cores = ["--cores", str(max(os.sched_getaffinity(0)) + 1)] if case == "cores not ours" else []
     cores += ["--tuner", "--standby", "-1"] if case == "negative standby" else []
+    cores += ["--standby", "1"] if case == "standby without the Tuner" else []
     result = CliRunner().invoke(app, ["plan", "apply", str(plan_file), "--trace", str(trace), "--out",
                                       str(tmp_path / "run"), "--pipeline", str(pipeline_file), *cores])
     assert result.exit_code == 2, result.output
     says = {"more than the cores hold": "cores of quota", "cores not ours": "names cores this process may not use",
-            "negative standby": "standby replicas per planned replica must be a number of at least 0"}
+            "negative standby": "standby replicas per planned replica must be a number of at least 0",
+            "standby without the Tuner": "serve only the Tuner's scale-ups"}
     assert says.get(case, "") in result.output
     assert created == [] and not (tmp_path / "run" / "live.json").exists()
 

@@ -283,6 +283,9 @@ def test_the_plan_commands(tmp_path: Path) -> None:
     assert warm.exit_code == 0, warm.output
     cold, held = json.loads(sim.output), json.loads(warm.output)
     assert held["standby"] == 2 and held["miss_rate"] < cold["miss_rate"] and held["cost_per_hour"] > cold["cost_per_hour"]
+    idle = runner.invoke(app, ["plan", "simulate", str(tmp_path / "plan.json"), "--trace", str(tmp_path / "spike.txt"),
+                               "--standby", "2"])
+    assert idle.exit_code == 2 and "serve only the Tuner's scale-ups" in idle.output, idle.output
     slow = runner.invoke(app, ["plan", "simulate", str(tmp_path / "plan.json"), "--trace", str(tmp_path / "spike.txt"),
                                "--tuner", "--startup-s", "30", "--tuner-interval", "2", "--json"])
     assert slow.exit_code == 0, slow.output

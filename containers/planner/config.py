@@ -52,10 +52,14 @@ def check_config(pipeline: Pipeline, config: Config) -> None:
         stage.profile.point(config[stage.name].hardware, config[stage.name].batch_size)
 
 
-def check_standby(standby: float) -> None:
-    """Refuse a standby share (warm, paused replicas per planned replica) that is not a number of at least 0."""
+def check_standby(standby: float, tuner: bool = True) -> None:
+    """Refuse a standby share (warm, paused replicas per planned replica) that is not a number of at least 0, or
+    any without the ``tuner`` (only its scale-ups use them)."""
     if isinstance(standby, bool) or not isinstance(standby, (int, float)) or not 0 <= standby < math.inf:
         raise PlanError(f"standby replicas per planned replica must be a number of at least 0; got {standby!r}")
+    if standby and not tuner:
+        raise PlanError(f"standby replicas ({standby:g} per planned replica) serve only the Tuner's scale-ups; "
+                        "turn the Tuner on, or keep none")
 
 
 def standby_replicas(standby: float, planned: int) -> int:

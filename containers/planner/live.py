@@ -29,6 +29,7 @@ from containers.atomic import write_atomically
 from containers.backends.base import ContainerBackend
 from containers.errors import ScenarioError
 from containers.planner.batchqueue import ReplicaChange
+from containers.planner.config import check_standby
 from containers.planner.deploy_plan import CorePlacement, plan_specs
 from containers.planner.estimator import Estimate, Estimator
 from containers.planner.frontend import Frontend, LiveQueries, stage_inputs
@@ -98,7 +99,8 @@ def apply_plan(plan: Plan, pipeline: Pipeline, arrivals: np.ndarray, out_dir: Pa
         standby: warm, paused replicas each stage keeps for the Tuner's scale-ups, per planned replica (``ReplicaSet``).
 
     Raises:
-        PlanError: the plan is not for this pipeline or does not fit it, or a stage is not on CPU.
+        PlanError: the plan is not for this pipeline or does not fit it, a stage is not on CPU, or standby
+            replicas are asked for without the Tuner.
         ScenarioError: a container spec, port or trace that cannot be used.
         ArtifactError: a stage's artifact does not open. These three are raised before any container starts.
         ContainerError: a replica did not start (those that did are stopped again).
@@ -115,6 +117,7 @@ def apply_plan(plan: Plan, pipeline: Pipeline, arrivals: np.ndarray, out_dir: Pa
         check_spec(spec)
         if not port_free(spec.host, spec.port):
             raise ScenarioError(f"port {spec.port} (for {spec.name}) is in use; give another base port")
+    check_standby(standby, tuner)
     estimator = Estimator(pipeline, arrivals, seed=seed, standby=standby)
     policy = Tuner.for_plan(plan, estimator, drain=tuner_drain) if tuner else None  # a bad setting fails before starts
     frontend = Frontend(pipeline, plan.stages, estimator.visits_, stage_inputs(pipeline, plan.stages))

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from containers.errors import PlanError
-from containers.planner.config import check_config
+from containers.planner.config import check_config, check_standby
 from containers.planner.estimator import Estimator
 from containers.planner.pipeline import Pipeline
 from containers.planner.plan import Plan
@@ -32,6 +32,7 @@ def simulate_plan(pipeline: Pipeline, plan: Plan, arrivals: np.ndarray, tuner: b
     """
     if plan.pipeline != pipeline.name:
         raise PlanError(f"the plan is for pipeline {plan.pipeline!r}, not {pipeline.name!r}")
+    check_standby(standby, tuner)
     check_config(pipeline, plan.stages)
     if tuner:
         run = simulate_with_tuner(pipeline, plan, arrivals, seed=seed, startup_s=startup_s, interval_s=interval_s,
