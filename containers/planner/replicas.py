@@ -105,11 +105,10 @@ class ReplicaSet:
         them all and raise."""
         spares = {stage: [self._new_spec(stage, pinned=False) for _ in range(standby_replicas(self.standby, len(s)))]
                   for stage, s in self.specs.items()}
-        stages, everything = zip(*[(stage, spec) for group in (self.specs, spares)
-                                   for stage, s in group.items() for spec in s])
+        stages, everything, spare = zip(*[(stage, spec, group is spares) for group in (self.specs, spares)
+                                          for stage, s in group.items() for spec in s])
         with ThreadPoolExecutor(max_workers=len(everything)) as pool:
-            outcomes = list(zip(everything, pool.map(self._try_start, stages, everything,
-                                                     [spec in spares[stage] for stage, spec in zip(stages, everything)])))
+            outcomes = list(zip(everything, pool.map(self._try_start, stages, everything, spare)))
         errors = [f"{spec.name}: {err}" for spec, err in outcomes if err is not None]
         if errors:
             for spec, err in outcomes:

@@ -204,12 +204,19 @@ def simulate_with_tuner(pipeline: Pipeline, plan: Plan, arrivals: np.ndarray, se
     schedule = [ReplicaChange(float(now), name, replicas)
                 for now in np.arange(interval_s, end, interval_s)
                 for name, replicas in tuner.observe(estimator.arrivals, float(now)).items()]
-    dollars = 0.0
-    for name, cfg in plan.stages.items():
-        points = [(0.0, cfg.replicas)] + [(c.at_s, c.replicas) for c in schedule if c.stage == name] + [(end, 0)]
-        replica_s = sum(n * (t1 - t0) for (t0, n), (t1, _) in zip(points, points[1:]))
-        held_s = standby_replicas(standby, cfg.replicas) * end
-        dollars += (replica_s * plan.prices[name] + held_s * standby_price(cfg.hardware, plan.prices[name])) / 3600
+    dollars = schedule_cost(plan, schedule, end, standby)
     estimate = estimator.estimate(plan.stages, plan.slo_ms, schedule)
     return TunedRun(estimate, tuple(schedule), dollars, dollars / max(end, 1e-9) * 3600,
                     estimator.startups(plan.stages))
+
+
+def schedule_cost(plan: Plan, schedule: Sequence[ReplicaChange], end_s: float, standby: float = 0.0) -> float:
+    """Dollars for ``plan`` over ``end_s`` seconds with replica counts changing as ``schedule`` says (each billed
+    from the ask) and ``standby`` warm replicas per planned replica held throughout at ``standby_price``."""
+    dollars = 0.0
+    for name, cfg in plan.stages.items():
+        points = [(0.0, cfg.replicas)] + [(c.at_s, c.replicas) for c in schedule if c.stage == name] + [(end_s, 0)]
+        replica_s = sum(n * (t1 - t0) for (t0, n), (t1, _) in zip(points, points[1:]))
+        held_s = standby_replicas(standby, cfg.replicas) * end_s
+        dollars += (replica_s * plan.prices[name] + held_s * standby_price(cfg.hardware, plan.prices[name])) / 3600
+    return dollars
