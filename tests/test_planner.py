@@ -350,6 +350,13 @@ def test_a_ready_standby_serves_at_once_and_another_starts_in_its_place() -> Non
         [(0, math.inf)], [(10.05, math.inf)], [(15, math.inf)]]
     assert replica_windows(1, [(10, 2), (11, 1), (12, 2), (16, 1), (17, 2)], 5, standby=1, resume_s=0.05) == [
         [(0, math.inf)], [(10.05, 11), (17.05, math.inf)]]
+    # the standby taken at 10 s is replaced once the cold start beside it has served (15 s): ready at 20 s, so
+    # an ask at 16 s starts cold; one at 20 s resumes it
+    assert replica_windows(1, [(10, 3), (16, 4)], 5, standby=1, resume_s=0.05)[3] == [(21, math.inf)]
+    assert replica_windows(1, [(10, 3), (20, 4)], 5, standby=1, resume_s=0.05)[3] == [(20.05, math.inf)]
+    # a cold start asked for while the replacement waits makes it wait longer (until 17 s, ready at 22 s)
+    assert replica_windows(1, [(10, 3), (12, 4), (21, 5)], 5, standby=1, resume_s=0.05)[4] == [(26, math.inf)]
+    assert replica_windows(1, [(10, 3), (12, 4), (22, 5)], 5, standby=1, resume_s=0.05)[4] == [(22.05, math.inf)]
     with pytest.raises(PlanError, match="at least 0 s"):
         replica_windows(1, [], 5, resume_s=-1)
 

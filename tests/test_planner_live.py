@@ -194,7 +194,7 @@ def test_a_standby_replica_is_resumed_in_milliseconds_and_another_takes_its_plac
         assert _process_state(paused["live-m-1"]) == "T"  # frozen: warm, using no CPU
         driver.start()
         frontend.started.wait(5)
-        replicas.scale("m", 2)
+        replicas.scale("m", 3)  # one from the standby, one cold
         deadline = time.monotonic() + 60
         while not any(e.event == "standby" for e in replicas.events_) and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -206,9 +206,12 @@ def test_a_standby_replica_is_resumed_in_milliseconds_and_another_takes_its_plac
         replicas.close()
         queries = frontend.close()
     events = [(e.event, e.replicas, e.container) for e in replicas.events_]
-    assert events == [("planned", 1, None), ("asked", 2, None), ("serving", 2, "live-m-1"), ("standby", 1, "live-m-2")]
-    assert start_ups(replicas.events_)["m"][0] < 0.5  # a container start takes seconds
-    assert len({b.url for b in queries.batches}) == 2  # the resumed standby served (the new one is paused)
+    # the replacement standby starts only once the cold start beside it serves
+    assert events == [("planned", 1, None), ("asked", 3, None), ("serving", 2, "live-m-1"), ("serving", 3, "live-m-3"),
+                      ("standby starting", 0, "live-m-2"), ("standby", 1, "live-m-2")]
+    resumed, cold = start_ups(replicas.events_)["m"]
+    assert resumed < 0.5 < cold  # a container start takes seconds
+    assert len({b.url for b in queries.batches}) == 3  # the resumed standby served (the new one is paused)
     assert queries.arrival_s.size == arrivals.size and not queries.failed.any()
     assert backend.list() == []  # the new standby stopped with the rest
 

@@ -144,8 +144,9 @@ def replica_windows(initial: int, changes: Sequence[tuple[float, int]], startup_
     ``initial`` replicas serve from time 0. A change to more replicas adds slots that serve
     ``startup_s`` after the change (a container starting), or ``resume_s`` after it where one of
     ``standby`` warm, paused replicas is ready: that one is resumed and a new standby starts in
-    its place (ready ``startup_s`` later). A change to fewer retires the newest slots at once
-    (they finish the batch in hand). A slot retired before it was ready never serves.
+    its place once no cold start is in progress (ready ``startup_s`` later; ``ReplicaSet``).
+    A change to fewer retires the newest slots at once (they finish the batch in hand; a start
+    already under way runs to its end). A slot retired before it was ready never serves.
     """
     if not startup_s >= 0:
         raise PlanError(f"a replica's start-up must be at least 0 s; got {startup_s!r}")
@@ -153,16 +154,23 @@ def replica_windows(initial: int, changes: Sequence[tuple[float, int]], startup_
         raise PlanError(f"a standby replica's resume must be at least 0 s; got {resume_s!r}")
     slots: list[list[list[float]]] = [[[0.0, math.inf]] for _ in range(initial)]
     pool = [0.0] * standby  # when each standby is ready (a heap)
+    waiting, cold_until = 0, 0.0  # refills waiting for the cold starts, which end by cold_until
     count = initial
     for at, replicas in sorted(changes, key=lambda c: c[0]):
+        if waiting and cold_until <= at:
+            pool, waiting = sorted(pool + [cold_until + startup_s] * waiting), 0
         for r in range(count, replicas):
             if r == len(slots):
                 slots.append([])
             if pool and pool[0] <= at:
-                heapq.heapreplace(pool, at + startup_s)
+                heapq.heappop(pool)
+                waiting += 1
                 slots[r].append([at + resume_s, math.inf])
             else:
+                cold_until = max(cold_until, at + startup_s)
                 slots[r].append([at + startup_s, math.inf])
+        if waiting and cold_until <= at:
+            pool, waiting = sorted(pool + [at + startup_s] * waiting), 0
         for r in range(replicas, count):
             slots[r][-1][1] = at
             if slots[r][-1][1] <= slots[r][-1][0]:

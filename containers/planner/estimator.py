@@ -111,7 +111,7 @@ class Estimator:
             where the start was not profiled).
         standby: warm, paused replicas each stage keeps for a schedule's scale-ups, per replica it is
             configured with (``standby_replicas``): one that is ready serves ``resume_s`` after the ask, and
-            another starts in its place (``replica_windows``).
+            another starts in its place once the stage's cold starts are done (``replica_windows``).
         cache_bytes: memory for stage results kept for reuse between calls.
         slo_percentile: the latency percentile that ``feasible`` holds to the SLO (99: a p99 SLO).
     """
