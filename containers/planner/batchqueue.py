@@ -154,23 +154,24 @@ def replica_windows(initial: int, changes: Sequence[tuple[float, int]], startup_
         raise PlanError(f"a standby replica's resume must be at least 0 s; got {resume_s!r}")
     slots: list[list[list[float]]] = [[[0.0, math.inf]] for _ in range(initial)]
     pool = [0.0] * standby  # when each standby is ready (a heap)
-    waiting, cold_until = 0, 0.0  # refills waiting for the cold starts, which end by cold_until
+    waiting: list[float] = []  # when each taken standby's replacement was asked for; it starts once no cold one runs
+    cold_until = 0.0  # when the cold starts asked for so far have all ended
     count = initial
     for at, replicas in sorted(changes, key=lambda c: c[0]):
         if waiting and cold_until <= at:
-            pool, waiting = sorted(pool + [cold_until + startup_s] * waiting), 0
+            for asked in waiting:
+                heapq.heappush(pool, max(asked, cold_until) + startup_s)
+            waiting.clear()
         for r in range(count, replicas):
             if r == len(slots):
                 slots.append([])
             if pool and pool[0] <= at:
                 heapq.heappop(pool)
-                waiting += 1
+                waiting.append(at)
                 slots[r].append([at + resume_s, math.inf])
             else:
                 cold_until = max(cold_until, at + startup_s)
                 slots[r].append([at + startup_s, math.inf])
-        if waiting and cold_until <= at:
-            pool, waiting = sorted(pool + [at + startup_s] * waiting), 0
         for r in range(replicas, count):
             slots[r][-1][1] = at
             if slots[r][-1][1] <= slots[r][-1][0]:
