@@ -51,6 +51,12 @@ def tune(
     input_shape: Annotated[Optional[str], typer.Option(help="override the input shape, e.g. 1,3,224,224")] = None,
     round_size: Annotated[Optional[int], typer.Option(help="candidates per task per round (default: a quarter of "
                                                             "the task's budget, 8 to 32)")] = None,
+    guided_search: Annotated[bool, typer.Option(
+        "--guided-search/--no-guided-search",
+        help="hand a task's rounds to MetaSchedule's evolutionary search once the latency model ranks fresh "
+             "candidates well; without it every directed round mutates the best measured schedules, which "
+             "costs a quarter of the search CPU and, without the filter, found as good or better on a 2-core "
+             "CPU (README, Search)")] = True,
     engine: Annotated[str, typer.Option(help="measurement engine: parallel (warm builds, device slots, DoP "
                                              "control) or stock (MetaSchedule's LocalBuilder and LocalRunner)")] = "parallel",
     devices: Annotated[Optional[str], typer.Option(help="where to time candidates: cpu, cuda:N, rpc:HOST:PORT:KEY, "
@@ -103,7 +109,8 @@ def tune(
             model=model, out_dir=out or Path("runs") / re.sub(r"[^A-Za-z0-9_.-]+", "_", model),
             target=target, threads=threads, trials=trials, time_limit_s=time_limit,
             batch_sizes=_ints(batch_sizes, "--batch-sizes"), input_shape=_ints(input_shape, "--input-shape"),
-            round_size=round_size, engine=engine, devices=tuple(devices.split(",")) if devices else None, dop=dop,
+            round_size=round_size, guided_search=guided_search, engine=engine,
+            devices=tuple(devices.split(",")) if devices else None, dop=dop,
             tolerance=tolerance, seed=seed,
             policies=PolicySettings(filter, filter_threshold, filter_keep, filter_explore, filter_min_tau,
                                     filter_trust_rounds, preemption,

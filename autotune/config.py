@@ -29,6 +29,7 @@ class TuneConfig:
     trials: int | None = None
     time_limit_s: float | None = None
     round_size: int | None = None  # None: a quarter of each task's budget, 8-32
+    guided_search: bool = True  # MetaSchedule's search takes rounds once the model ranks well (autotune.search)
     batch_sizes: tuple[int, ...] | None = None
     input_shape: tuple[int, ...] | None = None
     engine: str = "parallel"

@@ -148,14 +148,14 @@ def _tune(config: TuneConfig, prepared: PreparedModel, observer: PipelineObserve
     return run_tuning(prepared.tasks, prepared.plan, spec, prepared.target,
                       Path(config.out_dir) / TUNING_DIR, engine=config.engine, devices=config.devices, dop=config.dop,
                       round_size=config.round_size, time_limit_s=config.time_limit_s, seed=config.seed,
-                      observer=observer, policies=policies, warnings=warnings)
+                      observer=observer, policies=policies, warnings=warnings, guided_search=config.guided_search)
 
 
 def run_tuning(tasks: list[Any], plan: Any, target_spec: Any, target: Any, work_dir: Path, *,
                engine: Any = "parallel", devices: Sequence[str] | None = None, dop: str = "auto",
                round_size: int | None = None, time_limit_s: float | None = None, seed: int = 0,
                observer: PipelineObserver | None = None, policies: Policies | None = None,
-               warnings: Sequence[str] = ()) -> tuple[TuningSession, Any]:
+               warnings: Sequence[str] = (), guided_search: bool = True) -> tuple[TuningSession, Any]:
     """Tune ``tasks`` under ``plan`` with a fresh engine; return the session and the ranked database.
 
     ``policies`` (default: none, a fresh latency model) brings the latency model, candidate filter,
@@ -186,6 +186,7 @@ def run_tuning(tasks: list[Any], plan: Any, target_spec: Any, target: Any, work_
         preemption=policies.preemption,
         energy=policies.energy,
         warm_databases=policies.warm_databases,
+        guided_search=guided_search,
     )
     try:
         ranked = session.run()

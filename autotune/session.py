@@ -135,6 +135,7 @@ class TuningSession:
     preemption: Preemption = field(default_factory=NeverPreempt)
     energy: EnergyLedger = field(default_factory=EnergyLedger)
     warm_databases: Sequence[Any] = ()  # earlier jobs' databases (read): their best schedules seed each task
+    guided_search: bool = True  # MetaSchedule's search takes rounds once the model ranks well (autotune.search)
     ranking: dict[str, Any] = field(default_factory=dict, init=False)
     engine_report: dict[str, Any] = field(default_factory=dict, init=False)
     bill: dict[str, Any] = field(default_factory=dict, init=False)
@@ -292,7 +293,7 @@ class TuningSession:
             proposal: Proposal = search.propose(
                 min(state.round_size, state.remaining), self._parents(state, database),
                 set(self._known[state.task.name]), (lambda cs: score(self.cost_model, ctx, cs)) if trained else None,
-                trained and trusts_model(self.quality.recent_tau()))
+                trained and self.guided_search and trusts_model(self.quality.recent_tau()))
             candidates = proposal.candidates
             scores = score(self.cost_model, ctx, candidates)
         state.wall_s += time.monotonic() - t0
@@ -335,7 +336,7 @@ class TuningSession:
         known = self._known[state.task.name]
         workload = database.commit_workload(state.task.mod)
         results, latencies, improved = [], [], []
-        for candidate, h in zip(plan.candidates, plan.hashes):
+        for candidate, h, predicted in zip(plan.candidates, plan.hashes, plan.scores):
             better = False
             if h in known:
                 m = known[h]
@@ -358,6 +359,8 @@ class TuningSession:
                     "task": state.task.name, "trial": state.trials, "latency_s": None if not m.ok else m.latency,
                     "error": m.error, "elapsed_s": round(time.monotonic() - started, 3),
                     "at": round(m.at or time.time(), 3), "improved": better, "proposed_by": plan.kind,
+                    # the model's normalised prediction before it was measured (1.0 = the best then), if trained
+                    "score": round(predicted, 4) if plan.trained else None,
                 }) + "\n")
             results.append(RunnerResult([m.latency], None) if m.ok else RunnerResult(None, m.error))
             latencies.append(m.latency)

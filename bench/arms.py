@@ -151,12 +151,12 @@ def _warm_builder(workers: int) -> Any:
 
 def autotune(workload: str, trials: int, work_dir: str, *, policies: str = "off", round_size: int | None = None,
              warm_start: str | None = None, target_name: str = "cpu", seed: int = 0,
-             patience_counts: str = COUNTS[0]) -> dict[str, Any]:
+             patience_counts: str = COUNTS[0], guided_search: bool = True) -> dict[str, Any]:
     """Our session (budget split, parallel engine, final ranking) on the same workload and budget.
 
     ``policies``: "off" (the engine alone), "trimmer" (candidate filter and preemption, defaults) or
     "preemption" (preemption alone, at its defaults); ``patience_counts``: what preemption's patience counts.
-    ``seed``: the search's; runs of both arms on the same seed are paired.
+    ``seed``: the search's; runs of both arms on the same seed are paired. ``guided_search``: see autotune.search.
     Both bill with the same meters (NVML on a GPU target), so their energy compares.
     """
     spec, mod = _setup(workload, target_name)
@@ -180,7 +180,7 @@ def autotune(workload: str, trials: int, work_dir: str, *, policies: str = "off"
     chosen = build_policies(settings, target, spec.num_cores, 0, local_gpu_ids(None, spec.kind, spec.num_cores),
                             warnings.append)
     session, _ = run_tuning(tasks, plan, spec, target, work_dir, round_size=round_size, seed=seed,
-                            policies=chosen)
+                            policies=chosen, guided_search=guided_search)
     wall = time.monotonic() - started
     log = read_measurements(f"{work_dir}/{MEASUREMENTS_LOG}")
     weights = {t.name: t.weight for t in tasks}
@@ -238,11 +238,13 @@ if __name__ == "__main__":
     parser.add_argument("--target", default="cpu")
     parser.add_argument("--seed", type=int, default=0, help="the search's seed (our arms)")
     parser.add_argument("--patience-counts", choices=COUNTS, default=COUNTS[0], help="what preemption's patience counts")
+    parser.add_argument("--guided-search", action=argparse.BooleanOptionalAction, default=True,
+                        help="MetaSchedule's search takes rounds once the model ranks well (autotune.search)")
     args = parser.parse_args()
     if args.arm == "autotune":
         out = autotune(args.workload, args.trials, args.work_dir, policies=args.policies, round_size=args.round_size,
                        warm_start=args.warm_start, target_name=args.target, seed=args.seed,
-                       patience_counts=args.patience_counts)
+                       patience_counts=args.patience_counts, guided_search=args.guided_search)
     else:
         out = stock(args.workload, args.trials, args.work_dir, warm=args.arm == "warm_stock", target_name=args.target)
     print(json.dumps(out))

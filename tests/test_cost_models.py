@@ -481,7 +481,32 @@ def test_filter_and_preemption_in_a_real_session(tmp_path):
     assert len(ranked.get_all_tuning_records()) == len(log)
     assert sum(not m["improved"] for m in log) == session.bill["wasted"]["measurements"]
     assert log[0]["proposed_by"] == "sampled" and {m["proposed_by"] for m in log} <= {"sampled", "evolved", "guided"}
+    # each measurement carries the model's prediction from before it was measured, once the model was trained
+    assert log[0]["score"] is None and any(isinstance(m["score"], float) for m in log)
     assert (tmp_path / "tuning" / "cost_model" / "meta.json").exists()
+
+
+def test_guided_search_takes_rounds_only_when_asked(tmp_path, monkeypatch):
+    """With a model that ranks well, MetaSchedule's search takes the directed rounds of a session that asks for
+    it, and none of one that does not."""
+    from autotune.config import TuneConfig
+    from autotune.pipeline import prepare_model, run_tuning
+    from autotune.policies import Policies
+    from autotune.progress import SilentProgress
+    from cost_models.latency_model import create_latency_model
+
+    monkeypatch.setattr(RankQuality, "recent_tau", lambda self, last=4: 0.9)  # the model ranks fresh candidates well
+    config = TuneConfig(model="zoo:mlp", out_dir=tmp_path, trials=24, batch_sizes=(1,), round_size=4, trial_floor=4)
+    prepared = prepare_model(config, SilentProgress())
+    for guided in (False, True):
+        policies = Policies(create_latency_model(2, warmup_samples=8), MeasureAll(), NeverPreempt(), EnergyLedger())
+        session, _ = run_tuning(prepared.tasks, prepared.plan, prepared.target_spec, prepared.target,
+                                tmp_path / f"tuning-{guided}", round_size=4, policies=policies, guided_search=guided)
+        rounds = session.policies_report()["search_rounds"]
+        assert (rounds["guided"] > 0) is guided, rounds
+        assert rounds["evolved"] > 0 or guided  # unguided, the directed rounds evolve
+        log = (tmp_path / f"tuning-{guided}" / "measurements.jsonl").read_text().splitlines()
+        assert ("guided" in {json.loads(line)["proposed_by"] for line in log}) is guided
 
 
 def test_policies_and_bill_work_with_the_stock_engine(tmp_path):
