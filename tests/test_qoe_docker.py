@@ -89,7 +89,8 @@ def test_ten_thousand_requests_across_containers_lose_none(tuned_run, docker_bac
         text = requests.get(f"{spec.url}/metrics", timeout=5).text
         served += sum(float(line.split()[-1]) for line in text.splitlines()
                       if line.startswith('autotune_requests_total{outcome="ok"}'))
-    assert len(records) >= 10_000 and all(r.ok for r in records)
+    failed = [(round(r.sent_at, 3), r.error) for r in records if not r.ok]
+    assert len(records) >= 10_000 and not failed, failed[:5]  # when and why, if any failed
     assert served == len(records)  # every request the clients sent was served once, and answered
 
 
