@@ -136,7 +136,7 @@ class TrimmerFilter(CandidateFilter):
             self.counts["measured"] += n
             return Selection(list(range(n)), [], [])
         self.counts["rounds_filtered"] += 1
-        keep, rest = self._rule(scores)
+        keep, rest = self.partition(scores)
         explore = self._rng.sample(rest, min(len(rest), math.ceil(self.explore_share * n))) if rest else []
         dropped = [i for i in rest if i not in set(explore)]
         self.counts["measured"] += len(keep) + len(explore)
@@ -154,15 +154,15 @@ class TrimmerFilter(CandidateFilter):
             self.counts["explored_measured"] += len(watched)
             self.counts["explored_would_be_best"] += hits
         else:  # an unfiltered round: every proposal was measured, so what the rule would drop is known
-            _, watched = self._rule(scores)
+            _, watched = self.partition(scores)
             hits = sum(improved.get(i, False) for i in watched)
             self.counts["shadow_dropped"] += len(watched)
             self.counts["shadow_would_be_best"] += hits
         self._watch(watched, latencies, task)
         self._evidence.append(hits > 0)
 
-    def _rule(self, scores: Sequence[float]) -> tuple[list[int], list[int]]:
-        """(kept: likely winners filled up to the floor, best first; the rest, best first)."""
+    def partition(self, scores: Sequence[float]) -> tuple[list[int], list[int]]:
+        """The rule before exploration: (kept: likely winners, filled up to the floor; the rest), best first."""
         n = len(scores)
         order = sorted(range(n), key=lambda i: scores[i], reverse=True)
         likely = sum(1 for s in scores if s >= self.threshold)

@@ -1,14 +1,17 @@
-"""Benchmark helpers: the preemption replay, arms kept for a resumed Trimmer benchmark, the re-timing interval,
-the seed spread's pairs, the planner benchmark's search gap."""
+"""Benchmark helpers: the preemption and filter replays, arms kept for a resumed Trimmer benchmark, the re-timing
+interval, the seed spread's pairs, the planner benchmark's search gap."""
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 import bench.planner
 from bench.remeasure import ratio_interval
+from bench.replay_filter import load_run, metaschedule_scorer
+from bench.replay_filter import replay as replay_filter
 from bench.replay_preemption import replay
 from bench.seed_spread import compare_pairs
 from bench.trimmer import ARM_RESULT, _ablation_table, _compare, _saved_arm, _spread_table
@@ -17,6 +20,8 @@ from containers.planner.config import StageConfig, config_cost
 from containers.planner.estimator import STARTUP_S, Estimator
 from containers.planner.planner import initialize, minimize_cost
 from containers.planner.trace import gamma_trace
+from cost_models.candidate_filter import TrimmerFilter
+from cost_models.latency_model import FEATURE_LENGTH
 from cost_models.preemption import PlateauPreemption
 from tests.planner_profiles import chain  # noqa: F401
 
@@ -37,6 +42,39 @@ def test_a_replay_stops_a_flat_task_where_the_policy_would_and_keeps_its_best_at
     assert r.job_stopped_at is None and r.kept == 56 + 80 and r.of == 160
     full_b = 5.0 * 0.98 ** 9
     assert r.full_latency_s == pytest.approx(2 * 7.7 + full_b) and r.latency_s == r.full_latency_s  # a's best came before its stop
+
+
+def _saved_run(folder, costs, logged=None, groups=1):
+    """A run folder as a single-task job leaves it: its model's data (one store per candidate) and its log."""
+    rng = np.random.default_rng(0)
+    features = rng.uniform(size=(len(costs), FEATURE_LENGTH)).astype(np.float32)
+    features[:, 0] = costs  # the first feature is the cost itself: a model can learn the ranking
+    (folder / "cost_model").mkdir()
+    sizes = [len(costs) - len(costs) // 2, len(costs) // 2] if groups == 2 else [len(costs)]
+    np.savez(folder / "cost_model" / "data.npz", group_hashes=np.array([str(g) for g in range(groups)]),
+             group_sizes=np.array(sizes), costs=np.array(costs, dtype=np.float32),
+             store_counts=np.ones(len(costs), dtype=np.int64), features=features)
+    (folder / "measurements.jsonl").write_text("".join(
+        json.dumps({"task": "t", "latency_s": float(c)}) + "\n" for c in (costs if logged is None else logged)))
+
+
+def test_the_filter_replay_scores_each_round_before_it_is_measured_and_counts_what_the_rule_keeps(tmp_path):
+    costs = np.random.default_rng(1).uniform(1e-3, 2e-3, size=96)
+    _saved_run(tmp_path, costs)
+    xs, loaded = load_run(tmp_path)
+    r = replay_filter(xs, loaded, 16, metaschedule_scorer, TrimmerFilter(threshold=2.0, keep_share=0.25))
+    assert r.rounds == 4 and r.proposals == 64 and r.kept == 16  # trained on the first 32; the rule at its floor
+    assert r.winners == sum(c < loaded[:i - i % 16].min() * 0.99 for i, c in enumerate(loaded) if i >= 32)
+    assert r.winners_kept == r.winners_in_top_quarter  # at its floor the rule keeps the top quarter
+    assert r.fastest_in_top_quarter >= 3 and r.mean_tau > 0.6  # the cost is a feature: the model ranks by it
+
+
+@pytest.mark.parametrize("logged, groups, message", [
+    ([5e-3] * 48, 1, "does not hold"), (None, 2, "learned from 2 tasks")])
+def test_the_filter_replay_refuses_a_model_that_does_not_follow_its_log(tmp_path, logged, groups, message):
+    _saved_run(tmp_path, list(np.linspace(1e-3, 2e-3, 48)), logged, groups)
+    with pytest.raises(SystemExit, match=message):
+        load_run(tmp_path)
 
 
 def test_a_resumed_benchmark_keeps_only_an_arm_the_same_command_finished(tmp_path):
