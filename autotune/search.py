@@ -56,7 +56,8 @@ Scorer = Callable[[list[Any]], list[float]]
 @dataclass
 class Proposal:
     candidates: list[Any]  # MeasureCandidates
-    kind: str  # "sampled", "seeded", "evolved" or "guided"
+    kind: str  # the round's: "sampled", "seeded", "evolved" or "guided"
+    origins: list[str]  # each candidate's: "seed" (an earlier job's), "draw" (random), "mutant" or "guided"
 
 
 class TaskSearch:
@@ -91,22 +92,27 @@ class TaskSearch:
         if guided:  # the search does not know what evolved rounds measured; if it brings nothing new, evolve
             fresh = [c for c in self.ctx.generate_measure_candidates() or [] if _hash(c) not in seen]
             if fresh:
-                return Proposal(fresh[:n], "guided")
+                return Proposal(fresh[:n], "guided", ["guided"] * len(fresh[:n]))
         if not parents:
             replays = self._draw(min(len(self._seeds), max(1, n // 2)), seen, self._replay)
             taken = seen | {_hash(c) for c in replays}
-            draws = (self._draw(n - len(replays), taken, self._sample) if scorer is None
-                     else self._favourites(n - len(replays), taken, self._sample, scorer))
-            return Proposal(replays + draws, "seeded" if replays else "sampled")
+            if scorer is None:
+                draws = self._draw(n - len(replays), taken, self._sample)
+            else:  # a warm model picks the round's draws from a pool of them
+                favourites, more = self._favourites(n - len(replays), taken, self._sample, scorer)
+                draws = favourites + more
+            return Proposal(replays + draws, "seeded" if replays else "sampled",
+                            ["seed"] * len(replays) + ["draw"] * len(draws))
         weights = np.array([parents[0][1] / latency for _, latency in parents])
         traces = [trace for trace, _ in parents]
-        return Proposal(self._favourites(
-            n, seen, lambda: self._mutant(traces[self._rng.choice(len(traces), p=weights / weights.sum())]), scorer),
-            "evolved")
+        mutants, draws = self._favourites(
+            n, seen, lambda: self._mutant(traces[self._rng.choice(len(traces), p=weights / weights.sum())]), scorer)
+        return Proposal(mutants + draws, "evolved", ["mutant"] * len(mutants) + ["draw"] * len(draws))
 
-    def _favourites(self, n: int, seen: set[int], make: Callable[[], Any | None], scorer: Scorer | None) -> list[Any]:
-        """The model's favourites of a pool from ``make`` (a random pick while it is untrained), and a share
-        of fresh random draws so that the search can leave the pool's basin."""
+    def _favourites(self, n: int, seen: set[int], make: Callable[[], Any | None],
+                    scorer: Scorer | None) -> tuple[list[Any], list[Any]]:
+        """(The model's favourites of a pool from ``make``, a random pick while it is untrained; a share
+        of fresh random draws, so that the search can leave the pool's basin)."""
         explore = max(1, round(n * EXPLORE_SHARE)) if n > 1 else 0
         pool = self._draw(POOL_FACTOR * (n - explore), seen, make)
         if scorer and pool:
@@ -115,7 +121,7 @@ class TaskSearch:
             order = self._rng.permutation(len(pool))
         picks = [pool[i] for i in order[: n - explore]]
         taken = seen | {_hash(c) for c in picks}
-        return picks + self._draw(n - len(picks), taken, self._sample)
+        return picks, self._draw(n - len(picks), taken, self._sample)
 
     def _draw(self, n: int, seen: set[int], make: Callable[[], Any | None]) -> list[Any]:
         """``n`` new candidates from ``make`` (None: a draw the target rejected), unless the tries run out first.

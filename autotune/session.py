@@ -84,11 +84,23 @@ class _Plan:
     selection: Selection
     trained: bool  # the proposals were scored by the model
     kind: str  # how they were proposed (see autotune.search)
+    proposal_origins: list[str]  # where each proposal came from (``Proposal.origins``)
 
     @property
     def scores(self) -> list[float]:
         """Scores of the measured candidates, in their order."""
         return [self.proposal_scores[i] for i in self.selection.measure]
+
+    @property
+    def origins(self) -> list[str]:
+        """Where the measured candidates came from, in their order."""
+        return [self.proposal_origins[i] for i in self.selection.measure]
+
+    @property
+    def explored(self) -> list[bool]:
+        """Which measured candidates are the filter's random sample of what it would drop."""
+        sample = set(self.selection.explore)
+        return [i in sample for i in self.selection.measure]
 
 
 class SessionObserver(Protocol):
@@ -305,7 +317,7 @@ class TuningSession:
         state.screened += len(selection.dropped)
         kept = [candidates[i] for i in selection.measure]
         return _Plan(state, search, kept, [tvm_ffi.structural_hash(c.sch.mod) for c in kept], scores, selection,
-                     trained, proposal.kind)
+                     trained, proposal.kind, proposal.origins)
 
     def _parents(self, state: TaskState, database: Any) -> list[tuple[Any, float]]:
         """The task's best measured schedules (trace, latency), best first: what an evolved round mutates."""
@@ -336,7 +348,8 @@ class TuningSession:
         known = self._known[state.task.name]
         workload = database.commit_workload(state.task.mod)
         results, latencies, improved = [], [], []
-        for candidate, h, predicted in zip(plan.candidates, plan.hashes, plan.scores):
+        for candidate, h, predicted, origin, explored in zip(plan.candidates, plan.hashes, plan.scores, plan.origins,
+                                                             plan.explored):
             better = False
             if h in known:
                 m = known[h]
@@ -361,6 +374,7 @@ class TuningSession:
                     "at": round(m.at or time.time(), 3), "improved": better, "proposed_by": plan.kind,
                     # the model's normalised prediction before it was measured (1.0 = the best then), if trained
                     "score": round(predicted, 4) if plan.trained else None,
+                    "origin": origin, "explored": explored,  # explored: measured as the filter's random sample
                 }) + "\n")
             results.append(RunnerResult([m.latency], None) if m.ok else RunnerResult(None, m.error))
             latencies.append(m.latency)

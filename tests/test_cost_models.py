@@ -483,6 +483,12 @@ def test_filter_and_preemption_in_a_real_session(tmp_path):
     assert log[0]["proposed_by"] == "sampled" and {m["proposed_by"] for m in log} <= {"sampled", "evolved", "guided"}
     # each measurement carries the model's prediction from before it was measured, once the model was trained
     assert log[0]["score"] is None and any(isinstance(m["score"], float) for m in log)
+    # and where it came from: the first rounds draw, evolved rounds mutate (and draw a share); the filter's
+    # random sample of what it would drop is marked, one log line per candidate it explored
+    assert {m["origin"] for m in log if m["proposed_by"] == "sampled"} == {"draw"}
+    evolved = {m["origin"] for m in log if m["proposed_by"] == "evolved"}
+    assert "mutant" in evolved and evolved <= {"mutant", "draw"}
+    assert sum(m["explored"] for m in log) == report["filter"]["explored_measured"]
     assert (tmp_path / "tuning" / "cost_model" / "meta.json").exists()
 
 

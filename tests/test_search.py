@@ -58,14 +58,14 @@ def _takes_favourites(search, n: int, parents, seen: set[int]):
 
 def test_a_warm_models_first_round_takes_its_favourites_of_a_larger_random_pool(search):
     first, _ = _takes_favourites(search, 8, [], set())
-    assert first.kind == "sampled"
+    assert first.kind == "sampled" and first.origins == ["draw"] * 8
 
 
 def test_an_evolved_round_mutates_the_best_and_takes_the_models_favourites(search):
     parent = search.propose(1, [], set(), None, guided=False).candidates[0]
     n = 8
     evolved, explore = _takes_favourites(search, n, [(parent.sch.trace, 1e-3)], {_hash(parent)})
-    assert evolved.kind == "evolved"
+    assert evolved.kind == "evolved" and evolved.origins == ["mutant"] * (n - explore) + ["draw"] * explore
     assert _hash(parent) not in {_hash(c) for c in evolved.candidates}
     # a mutant keeps most of its parent's decisions; a fresh draw (the exploration share) keeps fewer
     kept = [len(_decisions(c) & _decisions(parent)) / len(_decisions(parent)) for c in evolved.candidates]
@@ -75,6 +75,7 @@ def test_an_evolved_round_mutates_the_best_and_takes_the_models_favourites(searc
 def test_a_trusted_model_hands_the_round_to_metaschedules_search(search):
     guided = search.propose(8, [], set(), None, guided=True)
     assert guided.kind == "guided" and 0 < len(guided.candidates) <= 8
+    assert guided.origins == ["guided"] * len(guided.candidates)
 
 
 @pytest.mark.parametrize("tau, trusted", [(None, False), (math.nan, False), (GUIDE_TAU - 0.01, False),
@@ -88,7 +89,7 @@ def test_a_seeded_first_round_leads_with_the_earlier_jobs_schedules_then_draws(t
     seeded = TaskSearch(*task, seed=1, seeds=[c.sch.trace for c in earlier])
     first = seeded.propose(4, [], set(), None, guided=False)
     # at most half the round replays (decisions kept, so the same programs); the rest is fresh draws
-    assert first.kind == "seeded" and len(first.candidates) == 4
+    assert first.kind == "seeded" and len(first.candidates) == 4 and first.origins == ["seed"] * 2 + ["draw"] * 2
     assert [_hash(c) for c in first.candidates[:2]] == [_hash(c) for c in earlier[:2]]
     assert not {_hash(c) for c in first.candidates[2:]} & {_hash(c) for c in earlier}
     # a seed measured already is not proposed again; once the seeds are used, first rounds are draws
