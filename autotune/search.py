@@ -92,7 +92,7 @@ class TaskSearch:
         if guided:  # the search does not know what evolved rounds measured; if it brings nothing new, evolve
             fresh = [c for c in self.ctx.generate_measure_candidates() or [] if _hash(c) not in seen]
             if fresh:
-                return Proposal(fresh[:n], "guided", ["guided"] * len(fresh[:n]))
+                return Proposal(fresh[:n], "guided", ["guided"] * min(n, len(fresh)))
         if not parents:
             replays = self._draw(min(len(self._seeds), max(1, n // 2)), seen, self._replay)
             taken = seen | {_hash(c) for c in replays}

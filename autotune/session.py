@@ -91,16 +91,11 @@ class _Plan:
         """Scores of the measured candidates, in their order."""
         return [self.proposal_scores[i] for i in self.selection.measure]
 
-    @property
-    def origins(self) -> list[str]:
-        """Where the measured candidates came from, in their order."""
-        return [self.proposal_origins[i] for i in self.selection.measure]
-
-    @property
-    def explored(self) -> list[bool]:
-        """Which measured candidates are the filter's random sample of what it would drop."""
+    def measured(self) -> Iterator[tuple[float, str, bool]]:
+        """Per measured candidate, in order: its score, its origin, and whether it is the filter's random
+        sample of what it would drop."""
         sample = set(self.selection.explore)
-        return [i in sample for i in self.selection.measure]
+        return ((self.proposal_scores[i], self.proposal_origins[i], i in sample) for i in self.selection.measure)
 
 
 class SessionObserver(Protocol):
@@ -348,8 +343,7 @@ class TuningSession:
         known = self._known[state.task.name]
         workload = database.commit_workload(state.task.mod)
         results, latencies, improved = [], [], []
-        for candidate, h, predicted, origin, explored in zip(plan.candidates, plan.hashes, plan.scores, plan.origins,
-                                                             plan.explored):
+        for candidate, h, (predicted, origin, explored) in zip(plan.candidates, plan.hashes, plan.measured()):
             better = False
             if h in known:
                 m = known[h]

@@ -35,7 +35,7 @@ import numpy as np
 from autotune.policies import COST_MODEL_DIR
 from autotune.session import MEASUREMENTS_LOG
 from cost_models.candidate_filter import TrimmerFilter
-from cost_models.latency_model import DATA, SCORING_SAMPLES
+from cost_models.latency_model import DATA, SCORING_SAMPLES, training_groups
 from cost_models.quality import RankQuality
 from results.report import read_measurements
 
@@ -69,17 +69,17 @@ def load_run(work_dir: Path) -> tuple[list[np.ndarray], np.ndarray]:
     if not path.exists():
         raise SystemExit(f"{path} not found; expected a finished run's saved latency model")
     with np.load(path, allow_pickle=False) as data:
-        sizes, costs = data["group_sizes"], data["costs"].astype(np.float64)
-        counts, features = data["store_counts"], data["features"].astype(np.float32)
-    if len(sizes) != 1:
-        raise SystemExit(f"{path}: the model learned from {len(sizes)} tasks; the replay takes a run of one task "
+        groups = training_groups({k: data[k] for k in data.files})
+    if len(groups) != 1:
+        raise SystemExit(f"{path}: the model learned from {len(groups)} tasks; the replay takes a run of one task "
                          f"(the order across tasks is not saved)")
+    (_, xs, costs), = groups
     logged = [m["latency_s"] for m in read_measurements(work_dir / MEASUREMENTS_LOG)]
     expected = np.array([FAILED_COST if v is None else v for v in logged])
     if len(expected) != len(costs) or not np.allclose(costs, expected, rtol=1e-5):
         raise SystemExit(f"{path} does not hold {work_dir / MEASUREMENTS_LOG}'s measurements in order; "
                          f"expected a run whose model started empty and measured every proposal")
-    return np.split(features, np.cumsum(counts)[:-1]), costs
+    return xs, costs.astype(np.float64)
 
 
 def normalised(costs: np.ndarray) -> np.ndarray:
@@ -99,25 +99,24 @@ def metaschedule_scorer(xs: list[np.ndarray], ys: np.ndarray) -> Scorer:
 def pairwise_scorer(xs: list[np.ndarray], ys: np.ndarray) -> Scorer:
     """The same trees and features on a pairwise logistic loss: every pair of candidates, the faster first."""
     import xgboost as xgb
-    from tvm.s_tir.meta_schedule.cost_model.xgb_model import XGBConfig
+    from tvm.s_tir.meta_schedule.cost_model.xgb_model import PackSum, XGBConfig
 
-    ids = np.repeat(np.arange(len(xs)), [len(x) for x in xs])
+    train = PackSum(xs, None)  # MetaSchedule's layout: a row per store, a candidate's score the sum of its rows'
     pairs = (ys[:, None] > ys[None, :]).astype(np.float64)  # [i, j]: i was faster than j
     pairs *= len(xs) / max(pairs.sum(), 1.0)
 
     def objective(row_scores: np.ndarray, _: object) -> tuple[np.ndarray, np.ndarray]:
-        s = np.bincount(ids, weights=row_scores, minlength=len(xs))
+        s = train.predict_with_score(row_scores)
         slower_wins = 1.0 / (1.0 + np.exp(np.clip(s[:, None] - s[None, :], -50, 50)))  # sigma(s_j - s_i)
         g, h = pairs * slower_wins, pairs * slower_wins * (1 - slower_wins)
         grad, hess = g.sum(0) - g.sum(1), h.sum(0) + h.sum(1)
-        return grad[ids], np.maximum(hess[ids], 1e-6)  # a candidate's score is the sum of its stores' leaves
+        return grad[train.ids], np.maximum(hess[train.ids], 1e-6)
 
-    booster = xgb.train(XGBConfig().to_dict(), xgb.DMatrix(np.concatenate(xs)), PAIRWISE_ROUNDS, obj=objective)
+    booster = xgb.train(XGBConfig().to_dict(), train.dmatrix, PAIRWISE_ROUNDS, obj=objective)
 
     def scorer(candidates: list[np.ndarray]) -> np.ndarray:
-        rows = np.repeat(np.arange(len(candidates)), [len(x) for x in candidates])
-        return np.bincount(rows, weights=booster.predict(xgb.DMatrix(np.concatenate(candidates))),
-                           minlength=len(candidates))
+        test = PackSum(candidates, None)
+        return test.predict_with_score(booster.predict(test.dmatrix))
     return scorer
 
 

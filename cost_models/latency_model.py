@@ -207,9 +207,13 @@ def load_latency_model(path: str | Path, target: Any, num_cores: int, seed: int 
     return model
 
 
-def _restore(model: Any, arrays: dict[str, np.ndarray]) -> None:
-    from tvm.s_tir.meta_schedule.cost_model.xgb_model import FeatureGroup
+def training_groups(arrays: dict[str, np.ndarray]) -> list[tuple[str, list[np.ndarray], np.ndarray]]:
+    """A saved model's training data (``DATA``'s arrays), per task: (group hash, each candidate's per-store
+    features, their costs), in the order the model learned them.
 
+    Raises:
+        ValueError: the arrays do not agree with each other.
+    """
     features, counts = arrays["features"], arrays["store_counts"]
     if features.ndim != 2 or features.shape[1] != FEATURE_LENGTH or counts.sum() != len(features):
         raise ValueError(f"feature table of shape {features.shape} does not match {int(counts.sum())} stores")
@@ -217,12 +221,18 @@ def _restore(model: Any, arrays: dict[str, np.ndarray]) -> None:
     costs, sizes = arrays["costs"], arrays["group_sizes"]
     if sizes.sum() != len(rows) or len(costs) != len(rows):
         raise ValueError("group sizes, costs and candidates disagree")
-    inner, start = model._inst, 0
-    for group_hash, size in zip(arrays["group_hashes"], sizes):
-        end = start + int(size)
-        inner.data[str(group_hash)] = FeatureGroup(str(group_hash), list(rows[start:end]), costs[start:end])
-        start = end
-    inner.data_size = inner.last_train_size = len(rows)
+    ends = np.cumsum(sizes)
+    return [(str(h), rows[end - size:end], costs[end - size:end])
+            for h, size, end in zip(arrays["group_hashes"], sizes.astype(int), ends.astype(int))]
+
+
+def _restore(model: Any, arrays: dict[str, np.ndarray]) -> None:
+    from tvm.s_tir.meta_schedule.cost_model.xgb_model import FeatureGroup
+
+    inner = model._inst
+    for group_hash, rows, costs in training_groups(arrays):
+        inner.data[group_hash] = FeatureGroup(group_hash, list(rows), costs)
+    inner.data_size = inner.last_train_size = sum(len(g.costs) for g in inner.data.values())
 
 
 def open_database(folder: str | Path) -> Any:
