@@ -152,16 +152,42 @@ def run(
     from results.errors import ArtifactError
 
     try:
+        if output is not None:
+            _check_output(output)
         outputs = run_artifact(artifact, input)
+        if output is not None:
+            _save_array(output, outputs[0])
     except (AutotuneError, ArtifactError) as err:
         _fail(err)
         return
-    import numpy as np
-
-    if output is not None:
-        np.save(output, outputs[0])
     for i, o in enumerate(outputs):
         print(f"output {i}: shape {list(o.shape)} dtype {o.dtype} mean {float(o.mean()):.6g} first {o.ravel()[:4].tolist()}")
+
+
+def _check_output(path: Path) -> None:
+    if path.suffix != ".npy" or path.is_dir():
+        raise UsageError(f"--output {path} is not usable; expected a .npy file name")
+    if not path.parent.resolve().is_dir():
+        raise UsageError(f"--output {path}: folder {path.parent} does not exist; expected an existing folder")
+
+
+def _save_array(path: Path, array: object) -> None:
+    """Write ``array`` to ``path`` whole or not at all (a temporary sibling, renamed)."""
+    import os
+    import tempfile
+
+    import numpy as np
+
+    partial: Path | None = None
+    try:
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False) as f:
+            partial = Path(f.name)
+            np.save(f, array)
+        os.replace(partial, path)
+    except OSError as err:
+        if partial is not None:
+            partial.unlink(missing_ok=True)
+        raise UsageError(f"cannot write --output {path}: {err.strerror or err}; expected a writable .npy path") from None
 
 
 @app.command()

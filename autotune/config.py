@@ -58,6 +58,8 @@ class TuneConfig:
             raise UsageError(f"--dop must be auto or a level 0, 1, 2, ... (0 = one at a time, alone); got {self.dop!r}")
         if not 0 < self.tolerance < 1:
             raise UsageError(f"--tolerance must be between 0 and 1; got {self.tolerance}")
+        if not 0 <= self.seed < 2**32:
+            raise UsageError(f"--seed must be a whole number from 0 to {2**32 - 1}; got {self.seed}")
         _check_writable(self.out_dir)
 
 

@@ -171,7 +171,9 @@ class TuningSession:
         if self.observer:
             self.observer.on_tuning_start(self.states, self.warning)
         searches = {s.task.name: self._start_task(s, database) for s in self.states if s.remaining > 0}
-        with open(os.path.join(self.work_dir, MEASUREMENTS_LOG), "a", encoding="utf-8") as log:
+        log_path = os.path.join(self.work_dir, MEASUREMENTS_LOG)
+        _end_torn_line(log_path)
+        with open(log_path, "a", encoding="utf-8") as log:
             while searches and not self._out_of_time(started) and not self.stop_reason:
                 self._round(searches, database, log, started)
                 if self.observer:
@@ -491,3 +493,13 @@ def _earlier_best(databases: Sequence[Any], mod: Any, target: Any) -> list[Any]:
 def _mean(secs: Any) -> float:
     values = [float(s) for s in secs or []]
     return sum(values) / len(values) if values else math.inf
+
+
+def _end_torn_line(path: str) -> None:
+    """End a last line that a killed job left unfinished, so the next record starts a line of its own."""
+    if not os.path.exists(path) or os.path.getsize(path) == 0:
+        return
+    with open(path, "rb+") as f:
+        f.seek(-1, os.SEEK_END)
+        if f.read(1) != b"\n":
+            f.write(b"\n")

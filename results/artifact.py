@@ -8,23 +8,31 @@ Layout (all paths relative to the artifact folder)::
     profile.json           measured latency and throughput (see ``results.profile``)
     report.md, tuning_curve.png
 
-An artifact is written into a hidden sibling folder and renamed into place only when
-complete; opening one checks every hash before any native code can be loaded.
+An artifact is written into a hidden sibling folder and swapped into place only when
+complete. Opening one checks that the manifest names only the folder's own files and every
+hash, before any native code can be loaded; a library is then loaded from a private copy of
+the very bytes that matched (``results.integrity``).
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import errno
+import fcntl
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from results.errors import ArtifactError
-from results.integrity import check_hash, load_verified_library, sha256_of
+from results.integrity import check_hash, load_verified_library, sha256_of, verified_bytes
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
@@ -41,34 +49,93 @@ class ArtifactWriter:
 
     Leaving the ``with`` block without committing (an error) removes the temporary folder,
     so a failed run leaves no half-made artifact behind and an earlier artifact untouched.
+    The writer holds a lock on its folder while it lives: a temporary folder that nobody
+    holds was left by a writer that was killed, and the next writer of the artifact removes it.
     """
 
     def __init__(self, final_dir: str | Path) -> None:
         self.final_dir = Path(final_dir)
         self.final_dir.parent.mkdir(parents=True, exist_ok=True)
-        self.path = Path(tempfile.mkdtemp(prefix=f".{self.final_dir.name}.tmp-", dir=self.final_dir.parent))
+        prefix = f".{self.final_dir.name}.tmp-"
+        for folder in self.final_dir.parent.glob(f"{prefix}*"):
+            with _locked(folder) as abandoned:
+                if abandoned:
+                    shutil.rmtree(folder, ignore_errors=True)
+        self.path = Path(tempfile.mkdtemp(prefix=prefix, dir=self.final_dir.parent))
+        self._lock = os.open(self.path, os.O_RDONLY)
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
 
     def __enter__(self) -> ArtifactWriter:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+        os.close(self._lock)
 
     def commit(self, manifest: dict[str, Any]) -> Path:
-        """Write the manifest with every file's sha256 and atomically replace ``final_dir``."""
+        """Write the manifest with every file's sha256 and atomically replace ``final_dir``.
+
+        The folder takes the permissions the umask gives a new folder (``mkdtemp`` makes it
+        owner-only), so a server running as another user can read it.
+        """
         files = sorted(p for p in self.path.rglob("*") if p.is_file())
         manifest = {"schema_version": SCHEMA_VERSION, **manifest}
         manifest["files"] = {str(p.relative_to(self.path)): sha256_of(p) for p in files}
         with open(self.path / MANIFEST, "w", encoding="utf-8") as f:
             json.dump(manifest, f, indent=2)
-        old = None
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(self.path, 0o777 & ~umask)
         if self.final_dir.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{self.final_dir.name}.old-", dir=self.final_dir.parent))
-            os.replace(self.final_dir, old / "artifact")
-        os.replace(self.path, self.final_dir)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+            _exchange(self.path, self.final_dir)  # the old artifact is now at self.path, removed on exit
+        else:
+            os.replace(self.path, self.final_dir)
         return self.final_dir
+
+
+@contextmanager
+def _locked(folder: Path) -> Iterator[bool]:
+    """Whether ``folder``'s lock could be taken (no live writer holds it), holding it meanwhile."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        yield False
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        os.close(fd)
+
+
+RENAME_EXCHANGE = 2  # linux/fs.h
+
+
+def _exchange(a: Path, b: Path) -> None:
+    """Swap two paths in one step (Linux ``renameat2``), so a reader or a kill never finds ``b`` absent.
+
+    Where the call is missing (another OS, an old C library, a file system without it), the
+    swap takes two renames and ``b`` is absent between them.
+    """
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is not None:
+        at_fdcwd = -100
+        if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), RENAME_EXCHANGE) == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.EINVAL, errno.ENOSYS, errno.EPERM):
+            raise OSError(err, os.strerror(err), str(b))
+    parking = Path(tempfile.mkdtemp(prefix=f".{b.name}.old-", dir=b.parent))
+    os.replace(b, parking / b.name)
+    os.replace(a, b)
+    os.replace(parking / b.name, a)
+    parking.rmdir()
 
 
 @dataclass(frozen=True)
@@ -84,11 +151,12 @@ class Artifact:
 
     @property
     def profile(self) -> dict[str, Any]:
-        with open(self.path / PROFILE, encoding="utf-8") as f:
-            return json.load(f)
+        if PROFILE not in self.manifest["files"]:
+            raise ArtifactError(f"artifact {self.path} has no {PROFILE}; profile it first (autotune profile)")
+        return json.loads(verified_bytes(self.path / PROFILE, self.manifest["files"][PROFILE]))
 
     def load_library(self, batch_size: int) -> Any:
-        """The compiled library for ``batch_size``, re-hashed immediately before it is loaded."""
+        """The compiled library for ``batch_size``: the bytes that match the manifest, loaded from a private copy."""
         name = self.manifest["libraries"].get(str(batch_size))
         if name is None:
             raise ArtifactError(f"artifact {self.path} has no library for batch size {batch_size}; it has {self.batch_sizes}")
@@ -98,15 +166,16 @@ class Artifact:
 def rewrite_profile(path: str | Path, profile: Any) -> Path:
     """Replace an artifact's ``profile.json`` (a ``results.profile.Profile``) and re-hash it.
 
-    The artifact is verified first, copied to a temporary sibling, given the new profile and
-    a manifest with fresh hashes, and renamed into place: a reader never sees a profile
-    that its manifest does not vouch for.
+    The artifact is verified first and each file is copied as the bytes that matched its
+    hash, to a temporary sibling that gets the new profile and a manifest with fresh hashes
+    and is renamed into place: a reader never sees a profile that its manifest does not
+    vouch for, and a file changed after the check is refused rather than vouched for.
     """
     artifact = open_artifact(path)
     with ArtifactWriter(artifact.path) as writer:
-        for name in artifact.manifest["files"]:
+        for name, digest in artifact.manifest["files"].items():
             (writer.path / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(artifact.path / name, writer.path / name)
+            (writer.path / name).write_bytes(verified_bytes(artifact.path / name, digest))
         profile.write(writer.path / PROFILE)
         manifest = {k: v for k, v in artifact.manifest.items() if k not in ("schema_version", "files")}
         return writer.commit(manifest)
@@ -116,7 +185,8 @@ def open_artifact(path: str | Path) -> Artifact:
     """Open and verify an artifact folder (or a run folder holding ``artifact/``).
 
     Raises:
-        ArtifactError: no manifest, an unknown schema version, or a file missing or altered.
+        ArtifactError: no manifest, an unknown schema version, a manifest that is not one,
+            a file missing, altered, a link, outside the folder or not listed.
     """
     path = Path(path)
     if not (path / MANIFEST).is_file() and (path / "artifact" / MANIFEST).is_file():
@@ -126,14 +196,37 @@ def open_artifact(path: str | Path) -> Artifact:
             manifest = json.load(f)
     except FileNotFoundError:
         raise ArtifactError(f"{path} is not an artifact: it has no {MANIFEST}") from None
-    except (OSError, json.JSONDecodeError) as err:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ArtifactError(f"cannot read {path / MANIFEST}: {err}") from None
-    if manifest.get("schema_version") != SCHEMA_VERSION:
-        raise ArtifactError(f"{path / MANIFEST} has schema_version {manifest.get('schema_version')!r}; expected {SCHEMA_VERSION}")
-    on_disk = {str(p.relative_to(path)) for p in path.rglob("*") if p.is_file()} - {MANIFEST}
+    _check_manifest(path, manifest)
+    on_disk = {str(p.relative_to(path)) for p in path.rglob("*") if p.is_file() or p.is_symlink()} - {MANIFEST}
     unlisted = sorted(on_disk - set(manifest["files"]))
     if unlisted:
         raise ArtifactError(f"artifact {path} holds files its manifest does not list: {', '.join(unlisted)}")
     for name, digest in manifest["files"].items():
         check_hash(path / name, digest)
     return Artifact(path, manifest)
+
+
+def _check_manifest(path: Path, manifest: Any) -> None:
+    """The manifest's shape, and that every name it lists stays inside the artifact folder."""
+    where = path / MANIFEST
+    if not isinstance(manifest, dict):
+        raise ArtifactError(f"{where} holds a JSON {type(manifest).__name__}; expected an object (an artifact manifest)")
+    if manifest.get("schema_version") != SCHEMA_VERSION:
+        raise ArtifactError(f"{where} has schema_version {manifest.get('schema_version')!r}; expected {SCHEMA_VERSION}")
+    files, libraries = manifest.get("files"), manifest.get("libraries")
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        raise ArtifactError(f"{where} has no 'files' object of file name to sha256; expected one listing every file")
+    if not isinstance(libraries, dict) or not all(isinstance(v, str) for v in libraries.values()):
+        raise ArtifactError(f"{where} has no 'libraries' object of batch size to library file; expected one")
+    root = path.resolve()
+    for name in files:
+        relative = Path(name)
+        if relative.is_absolute() or ".." in relative.parts or not (path / relative).resolve().is_relative_to(root):
+            raise ArtifactError(f"{where} lists {name!r}, which is outside the artifact; expected names relative to its folder")
+    for batch, name in libraries.items():
+        if not batch.isdigit() or int(batch) < 1:
+            raise ArtifactError(f"{where} has a library for batch size {batch!r}; expected a whole number of at least 1")
+        if name not in files:
+            raise ArtifactError(f"{where} names library {name!r} for batch size {batch}, which its 'files' does not list")

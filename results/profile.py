@@ -157,6 +157,8 @@ def read_profile(path: str | Path) -> Profile:
     try:
         with open(path, encoding="utf-8") as f:
             raw = json.load(f)
+        if not isinstance(raw, dict):
+            raise ArtifactError(f"{path} holds a JSON {type(raw).__name__}; expected an object (a profile)")
         if raw.get("schema_version") != SCHEMA_VERSION:
             raise ArtifactError(f"{path} has schema_version {raw.get('schema_version')!r}; expected {SCHEMA_VERSION}")
         entries = tuple(
@@ -174,5 +176,5 @@ def read_profile(path: str | Path) -> Profile:
             for e in raw["entries"]
         )
         return Profile(raw["model"], raw["target"], entries)
-    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as err:
         raise ArtifactError(f"cannot read profile {path}: {type(err).__name__}: {err}") from None

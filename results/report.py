@@ -12,12 +12,24 @@ from results.profile import Profile
 
 
 def read_measurements(log_path: str | Path) -> list[dict[str, Any]]:
-    """The session's measurement log, one dict per measured candidate, in order."""
+    """The session's measurement log, one dict per measured candidate, in order.
+
+    A line that does not parse (one cut short when a job was killed mid-write, and the
+    session appends after it) is passed over: the measurements are in the database too.
+    """
     path = Path(log_path)
     if not path.is_file():
         return []
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    out = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict):
+                out.append(record)
+    return out
 
 
 def plot_tuning_curve(measurements: Sequence[dict[str, Any]], weights: dict[str, int], path: Path) -> None:
@@ -32,7 +44,7 @@ def plot_tuning_curve(measurements: Sequence[dict[str, Any]], weights: dict[str,
     series: dict[str, tuple[list[int], list[float]]] = {}
     total_x, total_y = [], []
     for i, m in enumerate(measurements, 1):
-        if m.get("latency_s") is None:
+        if m.get("latency_s") is None or m.get("task") not in weights:  # not this model's (an earlier run's shapes)
             continue
         task = m["task"]
         if m["latency_s"] < best.get(task, math.inf):
@@ -43,7 +55,7 @@ def plot_tuning_curve(measurements: Sequence[dict[str, Any]], weights: dict[str,
         if len(best) == len(weights):
             total_x.append(i)
             total_y.append(sum(weights[t] * b for t, b in best.items()) * 1e3)
-    last_trial = {m["task"]: m["trial"] for m in measurements}
+    last_trial = {m["task"]: m["trial"] for m in measurements if m.get("task") in weights}
     for task, (xs, ys) in series.items():
         per_task.step([*xs, last_trial[task]], [*ys, ys[-1]], where="post", marker=".", label=task)
     per_task.set(xlabel="trials of the task", ylabel="best latency (us)", yscale="log", title="Best candidate per task")

@@ -1,10 +1,18 @@
-"""Artifact writing is atomic and replaces an older artifact whole."""
+"""Artifacts are written atomically and whole, and opened only when every file is what the manifest says."""
 
 from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from results.artifact import ArtifactWriter, open_artifact
+from results.errors import ArtifactError
 
 
 def _write(final, text: str) -> None:
@@ -30,3 +38,117 @@ def test_error_before_commit_leaves_nothing(tmp_path):
             (w.path / "model_b1.so").write_bytes(b"half")
             raise RuntimeError("compile failed")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_artifact_folder_takes_the_umask_not_owner_only(tmp_path):
+    """A server in a container runs as another user and must be able to read the artifact."""
+    old = os.umask(0o022)
+    try:
+        _write(tmp_path / "artifact", "{}")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "artifact").stat().st_mode) == 0o755
+
+
+def test_a_killed_writers_temporary_folder_is_swept(tmp_path):
+    abandoned = tmp_path / ".artifact.tmp-killed"
+    abandoned.mkdir()
+    (abandoned / "model_b1.so").write_bytes(b"half")
+    writing = ArtifactWriter(tmp_path / "artifact")  # another writer, still at work
+    _write(tmp_path / "artifact", "{}")
+    assert not abandoned.exists() and writing.path.exists()
+    with writing:
+        pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["artifact"]
+
+
+def _outside_copy(final: Path) -> Path:
+    outside = final.parent / "outside"
+    outside.mkdir(exist_ok=True)
+    return Path(shutil.copy(final / "model_b1.so", outside / "model_b1.so"))
+
+
+def _library_elsewhere(name: Callable[[Path, Path], str]) -> Callable[[Path, dict], None]:
+    """Move the library out of the artifact and point the manifest at it under ``name(final, copy)``."""
+    def change(final: Path, manifest: dict) -> None:
+        copy = _outside_copy(final)
+        (final / "model_b1.so").unlink()
+        manifest["files"][name(final, copy)] = manifest["files"].pop("model_b1.so")
+        manifest["libraries"]["1"] = name(final, copy)
+    return change
+
+
+def _symlinked_library(final: Path, manifest: dict) -> None:
+    copy = _outside_copy(final)
+    (final / "model_b1.so").unlink()
+    (final / "model_b1.so").symlink_to(copy)
+
+
+def _symlinked_folder(final: Path, manifest: dict) -> None:
+    copy = _outside_copy(final)
+    (final / "model_b1.so").unlink()
+    (final / "libs").symlink_to(copy.parent, target_is_directory=True)
+    manifest["files"]["libs/model_b1.so"] = manifest["files"].pop("model_b1.so")
+    manifest["libraries"]["1"] = "libs/model_b1.so"
+
+
+@pytest.mark.parametrize(("change", "phrase"), [
+    (_library_elsewhere(lambda final, copy: str(copy)), "outside the artifact"),
+    (_library_elsewhere(lambda final, copy: f"../{copy.parent.name}/{copy.name}"), "outside the artifact"),
+    (_symlinked_folder, "outside the artifact"),
+    (_symlinked_library, "outside the artifact"),
+    (lambda final, manifest: manifest["libraries"].update({"2": "model_b2.so"}), "which its 'files' does not list"),
+    (lambda final, manifest: manifest.pop("files"), "no 'files' object"),
+    (lambda final, manifest: manifest["libraries"].update({"x": "model_b1.so"}), "batch size 'x'"),
+])
+def test_a_manifest_that_points_elsewhere_is_refused(tmp_path, change, phrase):
+    """Native code is loaded only from the artifact's own regular files, each as hashed."""
+    final = tmp_path / "artifact"
+    _write(final, "{}")
+    manifest = json.loads((final / "manifest.json").read_text())
+    change(final, manifest)
+    (final / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match=phrase):
+        open_artifact(final)
+
+
+def test_a_link_is_refused_even_to_the_right_bytes(tmp_path):
+    from results.integrity import check_hash, sha256_of
+
+    (tmp_path / "model.so").write_bytes(b"lib")
+    (tmp_path / "link.so").symlink_to(tmp_path / "model.so")
+    with pytest.raises(ArtifactError, match="is a symbolic link"):
+        check_hash(tmp_path / "link.so", sha256_of(tmp_path / "model.so"))
+
+
+def test_a_manifest_that_is_not_an_object_is_refused(tmp_path):
+    _write(tmp_path / "artifact", "{}")
+    (tmp_path / "artifact" / "manifest.json").write_text("[]")
+    with pytest.raises(ArtifactError, match="holds a JSON list; expected an object"):
+        open_artifact(tmp_path / "artifact")
+
+
+def test_an_artifact_without_a_profile_says_so(tmp_path):
+    with ArtifactWriter(tmp_path / "artifact") as w:
+        (w.path / "model_b1.so").write_bytes(b"lib")
+        w.commit({"libraries": {"1": "model_b1.so"}})
+    with pytest.raises(ArtifactError, match="has no profile.json"):
+        open_artifact(tmp_path / "artifact").profile
+
+
+def test_a_torn_log_line_is_ended_and_passed_over(tmp_path):
+    """A job killed mid-write leaves a partial line; the next run's records and the report survive it."""
+    from autotune.session import _end_torn_line
+    from results.report import plot_tuning_curve, read_measurements
+
+    log = tmp_path / "measurements.jsonl"
+    first = {"task": "dense", "trial": 1, "latency_s": 2e-3}
+    log.write_text(json.dumps(first) + "\n" + '{"task": "dense", "tri')
+    _end_torn_line(str(log))
+    with open(log, "a", encoding="utf-8") as f:
+        f.write(json.dumps({"task": "dense", "trial": 2, "latency_s": 1e-3}) + "\n")
+        f.write(json.dumps({"task": "conv_of_an_earlier_shape", "trial": 1, "latency_s": 5e-3}) + "\n")
+    records = read_measurements(log)
+    assert [r["trial"] for r in records] == [1, 2, 1]
+    plot_tuning_curve(records, {"dense": 1}, tmp_path / "curve.png")  # a task this model no longer has is left out
+    assert (tmp_path / "curve.png").stat().st_size > 0

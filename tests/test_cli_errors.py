@@ -55,6 +55,8 @@ def assert_usage_error(proc: subprocess.CompletedProcess, *phrases: str) -> None
          ["--patience-counts must be one of proposals, measurements; got 'rounds'"]),
         (["zoo:mlp", "--price-per-hour", "-2"], ["--price-per-hour must be zero or more; got -2.0"]),
         (["zoo:mlp", "--warm-start", "/nonexistent/run"], ["--warm-start /nonexistent/run does not exist"]),
+        (["zoo:mlp", "--seed", "-1"], ["--seed must be a whole number from 0 to 4294967295; got -1"]),
+        (["zoo:mlp", "--seed", str(2**64)], ["--seed must be a whole number from 0 to 4294967295"]),
     ],
 )
 def test_bad_tune_input(args, phrases, tmp_path):
@@ -105,6 +107,15 @@ def test_inspect_and_run_a_good_artifact(tuned_run, tmp_path):
     wrong = tmp_path / "wrong.npy"
     np.save(wrong, np.zeros((1, 5), dtype="float32"))
     assert_usage_error(autotune("run", str(tuned_run.artifact), "--input", str(wrong), cwd=ROOT), "expected [batch, 784]")
+    saved = autotune("run", str(tuned_run.artifact), "--input", str(tmp_path / "x.npy"), "--output", str(tmp_path / "y.npy"),
+                     cwd=ROOT)
+    assert saved.returncode == 0 and np.load(tmp_path / "y.npy").shape == (1, 10)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["wrong.npy", "x.npy", "y.npy"], "no temporary file left"
+    for output, phrase in ((tmp_path, "expected a .npy file name"), (tmp_path / "out.txt", "expected a .npy file name"),
+                           (tmp_path / "no" / "y.npy", "does not exist")):
+        assert_usage_error(autotune("run", str(tuned_run.artifact), "--input", str(tmp_path / "x.npy"),
+                                    "--output", str(output), cwd=ROOT), phrase)
+    assert not (tmp_path.parent / f"{tmp_path.name}.npy").exists()
 
 
 @pytest.mark.parametrize(
