@@ -6,8 +6,9 @@ the contenders for the round's best (its fastest and up to three within 15% of i
 and a random sample (at least 20% of the round) are timed again in isolation. The
 mean relative difference is the round's error. The controller works like
 congestion control: it starts low, grows while the error stays under the bound
-(5%) and few measurements time out, and on a bad round remembers a ceiling and
-cuts the level multiplicatively (b = 0.2).
+(5%) and few measurements time out because of the level (they finish when timed
+alone), and on a bad round remembers a ceiling and cuts the level multiplicatively
+(b = 0.2). A round above level 0 that verified nothing holds the level.
 
 Levels: 0 is isolation (one measurement at a time, build workers paused while it
 runs); level k >= 1 is k measurements at once, on k lanes, while builds go on at idle
@@ -40,7 +41,7 @@ class DopController:
     _good_since_cut: int = 0
 
     def __post_init__(self) -> None:
-        self.level = max(0, min(self.level, self.max_level))
+        self.limit(self.max_level)
 
     @property
     def concurrency(self) -> int:
@@ -50,24 +51,35 @@ class DopController:
     def overlap_builds(self) -> bool:
         return self.level > 0
 
+    def limit(self, max_level: int) -> None:
+        """Never go past ``max_level`` (the lanes an engine has), a level set by hand included."""
+        self.max_level = min(self.max_level, max_level)
+        self.level = max(0, min(self.level, self.max_level))
+
     def update(self, error: float | None, timeouts: int, measured: int) -> int:
-        """Record a round (``error`` None: nothing was run in parallel) and return the next level."""
+        """Record a round and return the next level.
+
+        ``error``: the round's verified error; None where nothing was verified (at level 0 nothing runs in
+        parallel, so such a round is good by definition; above it, the round holds the level and does not
+        count as good). ``timeouts``: measurements that timed out at this level but finished when timed
+        alone; a kernel that hangs alone too says nothing about the level. ``measured``: candidates built.
+        """
         level = self.level
-        if self.fixed:
-            self.history.append({"level": level, "error": error, "timeouts": timeouts, "measured": measured,
-                                 "next_level": level})
-            return level
-        bad = self.too_far(error) or timeouts > self.timeout_bound * max(measured, 1)
-        if bad:
-            self.ceiling = level * (2 - self.backoff) / 2
-            self.level = math.floor(level * (1 - self.backoff))
-            self._good_since_cut = 0
-        else:
-            self._good_since_cut += 1
-            self.level = min(self.max_level, self._grow(level))
+        if not self.fixed:
+            self._step(error, timeouts, measured)
         self.history.append({"level": level, "error": error, "timeouts": timeouts, "measured": measured,
                              "next_level": self.level})
         return self.level
+
+    def _step(self, error: float | None, timeouts: int, measured: int) -> None:
+        level = self.level
+        if level > 0 and (self.too_far(error) or timeouts > self.timeout_bound * max(measured, 1)):
+            self.ceiling = level * (2 - self.backoff) / 2
+            self.level = math.floor(level * (1 - self.backoff))
+            self._good_since_cut = 0
+        elif level == 0 or error is not None:  # above level 0, a round that verified nothing holds the level
+            self._good_since_cut += 1
+            self.level = min(self.max_level, self._grow(level))
 
     def too_far(self, error: float | None) -> bool:
         """A verified error past the bound: the round's parallel values cannot be kept."""

@@ -8,10 +8,13 @@ the contenders for the best and a sample are timed again in isolation; their
 isolated values replace the parallel ones, the round's bias is taken off the rest
 (or, when the error is past the controller's bound, the rest are timed alone as
 well: the level costs the round its speed, never its truth), and the error found
-sets the next round's level. After an isolated round, the contenders for each
-task's best are timed a second time. A candidate timed alone on a CPU slot is
-bracketed by a probe kernel; one timed while the probe ran slow (a neighbour on the
-host) is tried again after a pause, so that values come from a quiet machine.
+sets the next round's level. Candidates that timed out in a parallel round are timed
+alone too: those that finish there were the level's timeouts, which the controller
+counts; those that hang alone as well are the kernel's. After an isolated round, the
+contenders for each task's best are timed a second time. A candidate timed alone on a
+CPU slot is bracketed by a probe kernel; one timed while the probe ran slow (a
+neighbour on the host) is tried again after a pause, so that values come from a quiet
+machine.
 
 Faults stay with their candidate: a build or a kernel that crashes, hangs or returns
 garbage kills only its worker, which is replaced on its next job.
@@ -76,7 +79,7 @@ class ParallelEngine(MeasurementEngine):
             for slot in self.slots
         ]
         self.controller = controller or DopController(max_level=len(self._lanes))
-        self.controller.max_level = min(self.controller.max_level, len(self._lanes))
+        self.controller.limit(len(self._lanes))
         self._builders = WorkerGroup([
             Worker(f"build-{i}", WorkerSetup(env=_thread_env(1), idle_priority=True, builds=True))
             for i in range(max(1, build_workers))
@@ -98,12 +101,14 @@ class ParallelEngine(MeasurementEngine):
 
     def measure(self, target: Any, device_type: str, candidates: Sequence[Candidate]) -> list[Measurement]:
         level = self.controller.level
-        results, paths, timeouts = self._round(target, candidates, level)
-        error = None
+        results, paths, timed_out = self._round(target, candidates, level)
+        probe = self._probe(target)
+        error, timeouts = None, 0
         if level > 0:
-            error = self._verify(candidates, results, paths, self._probe(target))
+            error = self._verify(candidates, results, paths, probe)
+            timeouts = self._retime_timeouts(candidates, results, paths, timed_out, probe)
         else:
-            self._second_look(candidates, results, paths, self._probe(target))
+            self._second_look(candidates, results, paths, probe)
         self._remove(paths)
         self.controller.update(error, timeouts, len(paths))
         return results
@@ -158,8 +163,9 @@ class ParallelEngine(MeasurementEngine):
     # -- a round --------------------------------------------------------------------------------
 
     def _round(self, target: Any, candidates: Sequence[Candidate],
-               level: int) -> tuple[list[Measurement], dict[int, str], int]:
-        """Build everything at once; time each candidate as soon as it is built, ``max(level, 1)`` at a time."""
+               level: int) -> tuple[list[Measurement], dict[int, str], list[int]]:
+        """Build everything at once; time each candidate as soon as it is built, ``max(level, 1)`` at a time.
+        Returns the results, the libraries built (index -> path) and the indices of the candidates that timed out."""
         lanes: queue.Queue[Worker] = queue.Queue()
         for lane in self._lanes[:max(1, level)]:
             lanes.put(lane)
@@ -179,14 +185,15 @@ class ParallelEngine(MeasurementEngine):
             runs[self._lane_pool.submit(self._time, lanes, candidates[i], path, self.timing,
                                         self._best.get(candidates[i].task), isolated=level == 0, level=level,
                                         phase="measure", probe=probe)] = i
-        timeouts = 0
+        timed_out: list[int] = []
         for done in as_completed(runs):
-            measurement, timed_out = done.result()
+            measurement, timeout = done.result()
             i = runs[done]
             results[i] = dataclasses.replace(measurement, cpu_s=measurement.cpu_s + build_cpu[i])
-            timeouts += timed_out
+            if timeout:
+                timed_out.append(i)
         assert all(r is not None for r in results)
-        return results, paths, timeouts  # type: ignore[return-value]
+        return results, paths, sorted(timed_out)  # type: ignore[return-value]
 
     def _build(self, target: Any, candidate: Candidate, counted: bool = True) -> tuple[str | None, str | None, float]:
         """(library path or None, build error or None, the build's CPU-seconds); ``counted``: a candidate's build."""
@@ -313,6 +320,18 @@ class ParallelEngine(MeasurementEngine):
             m = results[i]
             results[i] = dataclasses.replace(m, run_secs=tuple(check.corrected(s) for s in m.run_secs or ()))
         return check.error
+
+    def _retime_timeouts(self, candidates: Sequence[Candidate], results: list[Measurement], paths: dict[int, str],
+                         timed_out: Sequence[int], probe: Probe | None) -> int:
+        """Time the candidates that timed out in a parallel round alone, as a level-0 round would have (with its
+        longer timeout); keep the values of those that finish and return how many did: the timeouts that were the
+        level's fault. One that times out alone too is the kernel's and says nothing about the level; it costs its
+        timeout twice, the price of telling the two apart."""
+        finished = 0
+        for i, alone in self._alone(candidates, paths, timed_out, probe, self.timing, early_stop=True):
+            results[i] = _with_cost_of(results[i], alone)
+            finished += 1
+        return finished
 
     def _second_look(self, candidates: Sequence[Candidate], results: list[Measurement], paths: dict[int, str],
                      probe: Probe | None) -> None:

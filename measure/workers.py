@@ -102,13 +102,24 @@ class Worker:
         return proc.pid if proc is not None else None
 
     def start(self) -> None:
-        """Start the child and run its set-up (blocking, no timeout: imports are slow but finite)."""
+        """Start the child and run its set-up (blocking, no timeout: imports are slow but finite).
+
+        A child whose set-up fails is killed (it would run unpinned, at the wrong priority, or without its
+        imports) and the failure raised as a ``WorkerFault`` "error"; the next call tries again.
+        """
         with self._lock:
             if self._popen is None:
                 self._popen = _popen_worker()
             if not self._popen.is_alive():
                 self._popen.send(_prepare, (self.setup,))
-                self._popen.recv()
+                try:
+                    self._popen.recv()
+                except ChildProcessError:
+                    raise
+                except Exception as err:
+                    self.kill()
+                    self.replaced += 1
+                    raise WorkerFault("error", f"worker set-up failed: {_one_line(err)}") from None
 
     def call(self, fn: Callable[..., Any], args: Sequence[Any], timeout_s: float) -> Any:
         """``fn(*args)`` in the child; raises ``WorkerFault`` and replaces the child on a fault.
@@ -116,6 +127,7 @@ class Worker:
         Time spent paused does not count against ``timeout_s``.
         """
         with self._lock:
+            self.last_cost = CallCost(0.0, 0.0)  # a call that never reaches its job costs nothing
             try:
                 self.start()
             except ChildProcessError:  # killed while it was being replaced: a crash like any other
@@ -132,9 +144,7 @@ class Worker:
                 return self._popen.recv()
             except ChildProcessError:
                 raise self._crash(proc) from None
-            except (WorkerFault, TimeoutError):
-                raise
-            except Exception as err:  # the job raised inside the child: the worker is fine
+            except Exception as err:  # the job raised in the child (a TimeoutError too): the worker is fine
                 raise WorkerFault("error", _one_line(err)) from None
 
     def _crash(self, proc: Any, when: str = "") -> WorkerFault:

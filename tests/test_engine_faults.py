@@ -6,15 +6,19 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import cloudpickle
 import psutil
 import pytest
 
 import tests.fault_kernels as kernels
+from measure.dop import DopController
 from measure.parallel import EngineLimits, ParallelEngine
 from measure.slots import cpu_slots
-from measure.timing import TimingPolicy
+from measure.timing import Timing, TimingPolicy
+from measure.workers import Worker, WorkerFault, WorkerGroup, WorkerSetup
 
 cloudpickle.register_pickle_by_value(kernels)  # the workers cannot import tests/
 
@@ -82,6 +86,67 @@ def test_a_worker_killed_mid_measurement_is_one_error(engine, target):
     assert results[1].ok
 
 
+def hanging_timer(size: int, alone_too: bool) -> Callable[..., Timing]:
+    """A timer that never returns for ``good(size)`` timed beside others (and alone too, with ``alone_too``) and
+    reports 1 ms otherwise: a kernel that hangs, or one that only contention pushes past its timeout."""
+
+    def timer(path: str, slot: Any, shapes: Any, policy: Any, best: Any, probe: Any, skip_if_busy: bool) -> Timing:
+        if shapes[0][1][0] == size and (alone_too or probe is None):  # a probe comes with timings alone only
+            time.sleep(3600)
+        return Timing((1e-3,) * 3, "confirmed", 1)
+
+    return timer
+
+
+@pytest.mark.parametrize(("alone_too", "level"), [(True, 1), (False, 0)])
+def test_only_timeouts_the_level_caused_count_against_it(target, alone_too, level):
+    """At level 1 one of two candidates times out and is timed again alone. Hanging there too, it is the kernel's
+    fault and the level stays; finishing, it keeps that value and the level steps down."""
+    eng = ParallelEngine(cpu_slots(1), build_workers=1, controller=DopController(max_level=1, level=1),
+                         limits=EngineLimits(run_timeout_s=1.0), timer=hanging_timer(128, alone_too))
+    try:
+        hung, fine = eng.measure(target, "cpu", [kernels.good(128), kernels.good(64)])
+    finally:
+        eng.close()
+    assert fine.ok and hung.ok != alone_too
+    assert eng.controller.level == level
+
+
+def test_a_fixed_level_past_the_lanes_is_capped():
+    """``--dop 4`` on one lane: timeouts and reports are those of level 1, the level the rounds run at."""
+    eng = ParallelEngine(cpu_slots(1)[:1], build_workers=1, controller=DopController(max_level=4, level=4, fixed=True))
+    eng.close()
+    assert eng.controller.level == eng.report()["level"] == 1
+
+
+def test_a_worker_whose_set_up_fails_never_runs_a_job():
+    """Pinned to a core the host lacks: started in the background (as the engine does), then called, the worker runs
+    nothing unpinned; the call is an "error" fault and leaves no child behind."""
+    worker = Worker("unpinnable", WorkerSetup(cores=(9999,)))
+    for thread in WorkerGroup([worker]).start():
+        thread.join()
+    with pytest.raises(WorkerFault) as fault:  # the call sets the worker up again, and fails again
+        worker.call(os.sched_getaffinity, (0,), 10)
+    assert fault.value.kind == "error" and "set-up failed" in str(fault.value)
+    assert worker.pid is None
+
+
+def test_a_job_raising_timeout_error_is_an_error_of_the_job():
+    """The job's own TimeoutError is a fault like any exception it raises; the worker goes on."""
+
+    def job() -> None:
+        raise TimeoutError("the job's own deadline")
+
+    worker = Worker("plain", WorkerSetup())
+    try:
+        with pytest.raises(WorkerFault) as fault:
+            worker.call(job, (), 10)
+        assert fault.value.kind == "error" and "the job's own deadline" in str(fault.value)
+        assert worker.call(os.getpid, (), 10) == worker.pid and worker.replaced == 0
+    finally:
+        worker.kill()
+
+
 def test_garbage_timings_are_rejected(target):
     eng = ParallelEngine(cpu_slots(1), build_workers=1, timer=kernels.nan_timer)
     try:
@@ -110,8 +175,6 @@ def test_a_candidate_timed_on_a_busy_machine_is_timed_again(tmp_path, target, sl
 def test_a_round_whose_parallel_values_are_too_far_off_is_timed_alone(target, parallel_ms, retimed):
     """2% off: the sample's values replace theirs and the rest lose the bias; 100% off (past the 5% bound):
     every candidate of the round is timed again alone, and the controller steps down."""
-    from measure.dop import DopController
-
     eng = ParallelEngine(cpu_slots(1), build_workers=1, controller=DopController(max_level=2, level=1),
                          timer=kernels.contended_timer(parallel_ms, 1.0))
     try:

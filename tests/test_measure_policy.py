@@ -65,6 +65,31 @@ def test_controller_never_leaves_its_range():
     assert fixed.level == 2
 
 
+def test_timeouts_at_level_0_say_nothing_about_parallelism():
+    """A kernel that hangs when timed alone is the kernel's fault: slow start goes on as after a clean round, and a
+    ceiling found before stays."""
+    dop = DopController(max_level=8)
+    dop.update(None, 1, 10)
+    for _ in range(3):
+        dop.update(0.01, 0, 10)
+    assert [h["level"] for h in dop.history] == [0, 1, 2, 4] and dop.level == 8 and dop.ceiling is None
+    calibrated = DopController(max_level=8, ceiling=3.0)
+    calibrated.update(None, 2, 10)
+    assert calibrated.level == 1 and calibrated.ceiling == 3.0
+
+
+def test_a_parallel_round_that_verified_nothing_holds_the_level():
+    """Every candidate failed to build or run, or the round was empty: nothing to grow on, and no good round
+    towards probing past the ceiling."""
+    assert DopController(max_level=8, level=2).update(None, 0, 0) == 2
+    dop = DopController(max_level=8, level=3, ceiling=3.0)
+    for _ in range(2 * dop.hold_rounds):
+        assert dop.update(None, 0, 10) == 3
+    for _ in range(dop.hold_rounds - 1):
+        assert dop.update(0.01, 0, 10) == 3
+    assert dop.update(0.01, 0, 10) == 4  # only the verified rounds counted towards the probe
+
+
 def test_controller_starts_from_a_calibration():
     curve = [{"level": 0, "error": 0.01}, {"level": 1, "error": 0.02}, {"level": 2, "error": 0.04},
              {"level": 3, "error": 0.12}]
