@@ -67,8 +67,7 @@ def compare_schemes(backend: ContainerBackend, artifact: Path, schemes: list[Sch
             LoadClient(urls, inputs, arrivals, concurrency).run_for(warmup_s)
             records = LoadClient(urls, inputs, arrivals, concurrency, seed=1).run_for(duration_s)
         finally:
-            for spec in specs:
-                backend.stop(spec.name)
+            backend.stop_all(spec.name for spec in specs)
         ok = np.array([r.latency_s for r in records if r.ok]) * 1e3
         rows.append({
             "scheme": scheme.name, "containers": scheme.containers, "threads": scheme.threads, "pinned": scheme.pinned,

@@ -9,11 +9,12 @@ paper's: burst (all at once), fixed (one every ``interval_s``), random (uniform 
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from containers.errors import ScenarioError
+
+NOT_SENT = "not sent: still queued when the load stopped"
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,9 @@ class Trace(Arrivals):
             try:
                 t = float(text)
             except ValueError:
-                raise ScenarioError(f"{path}, line {number}: expected a time in seconds; got {text!r}") from None
+                t = math.nan
+            if not math.isfinite(t):
+                raise ScenarioError(f"{path}, line {number}: expected a time in seconds; got {text!r}")
             if t < 0 or (times and t < times[-1]):
                 raise ScenarioError(f"{path}, line {number}: times must be non-negative and sorted; {t} follows "
                                     f"{times[-1] if times else 'the start'}")
@@ -164,7 +169,11 @@ class LoadClient:
         return self
 
     def stop(self) -> list[RequestRecord]:
-        """Stop sending, wait for requests in flight, and return every record."""
+        """Stop sending, wait for requests in flight, and return every record.
+
+        An open loop's arrivals still queued for a free sender (more due than ``concurrency`` allows in flight)
+        are not sent; each is recorded as failed (``NOT_SENT``), its latency the wait until the stop.
+        """
         self._stop.set()
         for t in self._threads:
             t.join()
@@ -206,12 +215,17 @@ class LoadClient:
             self._send(local.clients, due)
 
         due = time.monotonic()
+        queued: list[tuple[Future[None], float]] = []
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
             for gap in arrivals.gaps(np.random.default_rng(self.seed)):
                 due += gap
                 if self._stop.wait(max(due - time.monotonic(), 0)):
                     break
-                pool.submit(send, due)
+                queued.append((pool.submit(send, due), due))
+            self._stop.wait()  # a trace that ran out still sends its backlog, until stopped
+            pool.shutdown(cancel_futures=True)  # stopped: what is in flight finishes, the backlog is not sent
+        stopped = time.monotonic()
+        self.records += [RequestRecord(d - self._t0, stopped - d, False, NOT_SENT) for f, d in queued if f.cancelled()]
 
 
 def join_times(kind: str, count: int, interval_s: float = 30.0, window_s: float = 120.0, seed: int = 0) -> list[float]:

@@ -4,14 +4,19 @@
 container needs ``work_ms`` of one core per request, gets CPU by CFS-like water-filling
 of the host's cores under its limit, and so answers in ``work_ms / cores`` ms. It is the
 backend (start, resize, usage, stop, list) and the Application Monitor's scraper at once.
+``SlowInferenceClient`` stands in for the model server's client: every request is answered, slowly.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
+
 from containers.backends.base import ContainerBackend, ContainerInfo, ContainerSpec
+from containers.client import InferenceReply
 from containers.errors import ContainerError, UnknownContainer
 from containers.qoe.monitors import HistogramSnapshot
 
@@ -35,10 +40,14 @@ class SimulatedHost(ContainerBackend):
         self.work_ms = work_ms
         self.containers: dict[str, _Container] = {}
         self.resizes = 0
+        self.failing_starts: set[str] = set()  # names the engine refuses to start
+        self.failing_stops: set[str] = set()  # names the engine refuses to stop (they keep running)
 
     def start(self, spec: ContainerSpec, timeout_s: float = 60.0, boost: bool = True) -> ContainerInfo:
         if spec.name in self.containers and self.containers[spec.name].running:
             raise ContainerError(f"container {spec.name} already runs")
+        if spec.name in self.failing_starts:
+            raise ContainerError(f"container {spec.name} did not start")
         self.containers[spec.name] = _Container(spec, self.work_ms[spec.name])
         return self._info(self.containers[spec.name])
 
@@ -52,6 +61,8 @@ class SimulatedHost(ContainerBackend):
         return self.cores()[name]
 
     def stop(self, name: str) -> None:
+        if name in self.failing_stops:
+            raise ContainerError(f"the engine refused to stop container {name}")
         self.containers.pop(name, None)
 
     def pause(self, name: str) -> None:
@@ -109,3 +120,16 @@ class SimulatedHost(ContainerBackend):
 def spec(name: str, port: int) -> ContainerSpec:
     """A container spec for the simulated host (its artifact is never opened)."""
     return ContainerSpec(name=name, artifact=Path("/nonexistent"), port=port)
+
+
+class SlowInferenceClient:
+    """``containers.client.InferenceClient`` without a server: each request is answered after ``seconds``."""
+
+    seconds = 0.05
+
+    def __init__(self, url: str, timeout_s: float = 30.0) -> None:
+        self.url = url
+
+    def infer(self, arrays: list[np.ndarray]) -> InferenceReply:
+        time.sleep(self.seconds)
+        return InferenceReply([], self.seconds * 1e3, self.seconds * 1e3, self.seconds * 1e3)

@@ -25,6 +25,7 @@ from containers.backends import create_backend
 from containers.backends.base import ContainerBackend, ContainerSpec
 from containers.backends.local import LocalBackend
 from containers.errors import BackendUnavailable, ContainerError, ScenarioError, UnknownContainer
+from tests.fakes import SimulatedHost, spec
 
 LOAD_S = 2.0
 
@@ -269,6 +270,20 @@ def test_bad_names_limits_and_kinds_are_one_line_errors(tmp_path):
         create_backend("podman")
     assert create_backend(backend) is backend
     assert backend.list() == []
+
+
+def test_close_stops_every_container_when_some_do_not_stop():
+    host = SimulatedHost(2.0, {n: 10.0 for n in "abcd"})
+    for i, name in enumerate("abcd"):
+        host.start(spec(name, 9000 + i))
+    host.failing_stops = {"b"}
+    with pytest.raises(ContainerError, match="^the engine refused to stop container b$"):
+        host.close()
+    assert list(host.containers) == ["b"]  # c and d stopped all the same
+    host.failing_stops = {"a", "b"}
+    host.start(spec("a", 9000))
+    with pytest.raises(ContainerError, match="^2 containers did not stop: .* container b; .* container a$"):
+        host.close()
 
 
 # Local: processes in cgroups

@@ -5,6 +5,7 @@ Pure Python and numpy on synthetic profiles (``tests.planner_profiles``); runs i
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -18,6 +19,7 @@ from containers.planner.config import StageConfig, standby_replicas
 from containers.planner.estimator import STARTUP_S, WARMUP_REQUESTS, Estimator
 from containers.planner.hardware import PriceTable, hardware_key
 from containers.planner.pipeline import read_pipeline
+from containers.planner.plan import Plan, Prediction, read_plan
 from containers.planner.trace import (check_trace, envelope, gamma_trace, peak_rate, read_trace, resampled,
                                       spike_trace, write_trace)
 from results.profile import LatencyStats, Persistence, read_profile
@@ -106,6 +108,23 @@ def test_traces_round_trip_and_bad_ones_name_the_line(tmp_path: Path) -> None:
         read_trace(tmp_path / "empty.txt")
 
 
+def test_traces_refuse_times_that_are_not_finite(tmp_path: Path) -> None:
+    for bad in (np.nan, np.inf):
+        with pytest.raises(ScenarioError, match=f"must be finite, non-negative and sorted; arrival 2 is at {bad:g} s"):
+            check_trace([0.0, 1.0, bad])
+    (tmp_path / "t.txt").write_text("0.1\ninf\n")
+    with pytest.raises(ScenarioError, match="t.txt, line 2: expected a time in seconds; got 'inf'"):
+        read_trace(tmp_path / "t.txt")
+
+
+def test_a_spike_too_short_for_an_arrival_still_makes_a_trace() -> None:
+    times = spike_trace(50, 2, 10, 0.2, 60)  # two a second for 0.2 s: no arrival in the spike
+    assert np.array_equal(times, check_trace(times)) and 2500 < times.size < 3500
+    assert not ((times >= 10) & (times < 10.2)).any()
+    with pytest.raises(ScenarioError, match="at least one arrival"):
+        spike_trace(0.001, 0.001, 1, 1, 3)  # no arrival anywhere: no trace
+
+
 def test_envelope_counts_the_busiest_window_of_each_size() -> None:
     env = envelope(np.array([0.0, 0.1, 0.2, 5.0, 5.05, 30.0]), 0.25)
     assert env[0.25] == 3 and env[4.0] == 3 and env[8.0] == 5 and env[32.0] == 6
@@ -137,6 +156,20 @@ def test_the_peak_rate_is_the_busiest_window_of_the_given_length() -> None:
     assert peak_rate(times, 1.0) == pytest.approx(11.0)
     with pytest.raises(ScenarioError, match="positive window"):
         peak_rate(times, 0.0)
+
+
+@pytest.mark.parametrize(("window", "most"), [("1.0", 0), ("1.0", -2), ("0.0", 3), ("-1.0", 3)])
+def test_a_plan_whose_envelope_the_tuner_cannot_divide_by_is_refused(tmp_path: Path, window: str, most: int) -> None:
+    plan = Plan("one", 100.0, "inferline", {"m": StageConfig("cpu-1", 1, 1)}, {"m": 0.0425},
+                Prediction(10.0, 20.0, 12.0, 0.0), {0.5: 3, 1.0: 4}, {})
+    plan.write(tmp_path / "plan.json")
+    assert read_plan(tmp_path / "plan.json") == plan
+    raw = plan.to_json()
+    raw["envelope"] = {"0.5": 3, window: most}
+    (tmp_path / "plan.json").write_text(json.dumps(raw))
+    with pytest.raises(PlanError, match=rf"plan.json: a plan's envelope must give at least 1 arrival per window of "
+                                        rf"more than 0 s; got {most} in {window} s"):
+        read_plan(tmp_path / "plan.json")
 
 
 # -- the batched queue and the Estimator ---------------------------------------------------------------------------

@@ -23,17 +23,19 @@ from typer.testing import CliRunner
 
 from autotune.cli import app
 from containers.backends import PERIOD_US
+from containers.errors import ContainerError
 from containers.planner.batchqueue import ReplicaChange
 from containers.planner.config import StageConfig
 from containers.planner.estimator import Estimator
 from containers.planner.frontend import UNFINISHED, Frontend, LiveQueries, stage_inputs
 from containers.planner.live import served_schedule, start_ups
-from containers.planner.replicas import ReplicaEvent
+from containers.planner.replicas import ReplicaEvent, ReplicaSet
 from containers.planner.pipeline import Pipeline, Stage, read_pipeline
 from containers.planner.planner import plan_pipeline
 from containers.planner.profiles import ServicePoint, StageProfile
 from containers.planner.trace import gamma_trace, write_trace
-from tests.planner_profiles import CHAIN, CNN, PRE, chain, write_pipeline  # noqa: F401 (chain: a fixture)
+from tests.fakes import SimulatedHost, spec
+from tests.planner_profiles import CHAIN, CNN, PRE, chain, one_stage, write_pipeline  # noqa: F401 (chain: a fixture)
 from tests.test_server import build_toy_artifact, running_server
 
 SHARE_TOLERANCE = 0.08
@@ -243,6 +245,40 @@ def test_an_ask_beyond_what_the_cores_hold_starts_nothing_more_and_says_so(toy: 
     assert [(e.event, e.replicas) for e in replicas.events_] == [("asked", 3), ("capped", 0)]
     assert "does not fit on cores 0" in (replicas.events_[-1].error or "")
     assert backend.list() == [] and placement.committed == {0: 1.0}
+
+
+def _simulated_replicas(tmp_path: Path, names: list[str]) -> tuple[ReplicaSet, Frontend, SimulatedHost]:
+    """A one-stage pipeline's replicas ``names`` on a simulated host (nothing to warm up: no server answers)."""
+    pipeline = one_stage(tmp_path, {1: {1: 10.0}})
+    config = {"m": StageConfig("cpu-1", 1, 1)}
+    frontend = Frontend(pipeline, config, {"m": np.ones(1, bool)}, {"m": lambda k: []})
+    host = SimulatedHost(2.0, {name: 10.0 for name in names})
+    specs = {"m": [spec(name, 19000 + i) for i, name in enumerate(names)]}
+    return ReplicaSet(host, frontend, specs, warmup_requests=0), frontend, host
+
+
+def test_closing_the_replicas_stops_every_container_when_one_does_not_stop(tmp_path: Path) -> None:
+    replicas, frontend, host = _simulated_replicas(tmp_path, ["m-0", "m-1", "m-2"])
+    replicas.start()
+    host.failing_stops = {"m-0"}
+    try:
+        with pytest.raises(ContainerError, match="refused to stop container m-0"):
+            replicas.close()
+    finally:
+        frontend.close()
+    assert list(host.containers) == ["m-0"] and frontend.replicas("m") == ()
+
+
+def test_a_start_that_fails_stops_the_others_even_when_one_of_them_does_not_stop(tmp_path: Path) -> None:
+    replicas, frontend, host = _simulated_replicas(tmp_path, ["m-0", "m-1", "m-2"])
+    host.failing_starts, host.failing_stops = {"m-1"}, {"m-0"}
+    try:
+        with pytest.raises(ContainerError, match="did not all start; m-1: container m-1 did not start; stopping those "
+                                                 "that started: the engine refused to stop container m-0"):
+            replicas.start()
+    finally:
+        frontend.close()
+    assert list(host.containers) == ["m-0"] and frontend.replicas("m") == ()
 
 
 def test_start_ups_match_each_serving_replica_to_the_ask_it_answered() -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +14,8 @@ from containers.qoe.algorithm import (Classification, DQoES, NoLimits, QoeClass,
 from containers.qoe.listener import AdaptiveListener, FixedListener, create_listener
 from containers.qoe.manager import QoeManager
 from containers.qoe.monitors import ApplicationMonitor, HistogramSnapshot
+from containers.qoe.run import run_scenario
+from containers.scenario import ContainerPlan, LoadSpec, Scenario, Schedule
 from tests.fakes import SimulatedHost, spec
 
 # six containers of 20 ms of one core per request on two cores; default Docker gives each a
@@ -31,7 +35,7 @@ def test_classify_puts_each_container_in_g_s_or_b_with_the_papers_sums() -> None
 
 
 def test_dqoes_moves_cpu_from_g_to_b_in_proportion_to_their_gaps() -> None:
-    readings = [r("g1", 100, 40, 0.6), r("g2", 100, 80, 0.4), r("b1", 50, 100, 0.5), r("b2", 50, 75, 0.5),
+    readings = [r("g1", 100, 40, 0.6), r("g2", 100, 80, 0.4), r("b1", 50, 100, 0.5, 0.5), r("b2", 50, 75, 0.5, 0.5),
                 r("s", 50, 52, 0.3, 0.3)]
     limits = DQoES(alpha=0.1, beta=0.1).allocate(readings, host_cpus=2)
     # G's usage 1.0 x beta 0.1 = 0.1 cores, split 60:20 by quality; B gets it back split 50:25
@@ -43,7 +47,7 @@ def test_dqoes_moves_cpu_from_g_to_b_in_proportion_to_their_gaps() -> None:
 
 def test_dqoes_never_lowers_the_limit_of_a_container_that_needs_cpu() -> None:
     # b uses 0.2 of its 0.3-core limit (idle between requests); what G frees is added to the limit
-    limits = DQoES().allocate([r("g", 100, 50, 0.8), r("b", 10, 20, 0.2, 0.3)], host_cpus=2)
+    limits = DQoES(floor_cpus=0.1).allocate([r("g", 100, 50, 0.8), r("b", 10, 20, 0.2, 0.3)], host_cpus=2)
     assert limits["g"] == pytest.approx(0.72) and limits["b"] == pytest.approx(0.3 + 0.08)
 
 
@@ -52,9 +56,27 @@ def test_dqoes_respects_floor_and_ceiling_and_gives_nothing_when_g_has_nothing_t
     limits = policy.allocate([r("g", 100, 10, 0.2), r("b", 10, 100, 1.9)], host_cpus=2)
     assert limits["g"] == pytest.approx(0.5)  # floor 2 / (2 x 2): raised, not cut, so nothing saved
     assert "b" not in limits
-    limits = DQoES(alpha=0.1, beta=0.5, floor_cpus=0.05).allocate([r("g", 100, 10, 0.4), r("b", 10, 100, 1.9)], 2)
+    limits = DQoES(alpha=0.1, beta=0.5, floor_cpus=0.05).allocate([r("g", 100, 10, 0.4), r("b", 10, 100, 1.9, 1.9)], 2)
     assert limits["b"] == 2.0  # ceiling: the host's cores
     assert DQoES().allocate([r("b", 10, 100, 1.0), r("b2", 10, 50, 1.0)], 2) == {}
+
+
+def test_dqoes_leaves_an_unlimited_container_in_b_unlimited_and_limits_none_below_the_floor() -> None:
+    # four cores, two containers: the floor is 4 / (2 x 2) = 1 core
+    g, b = r("g", 100, 50, 2.0), r("b", 10, 20, 0.3)
+    assert DQoES().allocate([g, b], host_cpus=4) == {"g": 1.8}  # b already has every core: a limit takes some away
+    assert DQoES().allocate([g, replace(b, limit_cpus=0.3)], host_cpus=4) == {"g": 1.8, "b": 1.0}  # raised to it
+    assert DQoES(ceiling_cpus=2.0).allocate([g, replace(b, limit_cpus=3.0)], host_cpus=4) == {"g": 1.8}  # never cut
+
+
+def test_static_shares_divide_the_host_over_the_whole_pool() -> None:
+    read = [r("a", 10, 10, 1.0, 1.0), r("b", 10, 10, 1.0, 1.0)]
+    assert StaticEqual().allocate(read, 4, pool={"a": 1.0, "b": 1.0, "c": 1.0, "d": None}) == {"d": 1.0}
+    m, host = _manager(StaticEqual())
+    m.analyst.remove_target("e")  # no target: no reading, but a share all the same
+    m.analyst.remove_target("f")
+    m.step()
+    assert {c.spec.cpus for c in host.containers.values()} == {round(2 / 6, 3)}
 
 
 def test_baselines_and_factory() -> None:
@@ -133,7 +155,8 @@ def test_dqoes_satisfies_more_containers_than_default_or_static_limits() -> None
     m, host = _manager(DQoES())
     _satisfied_after(m, 40)
     assert sum(host.cores().values()) <= 2.0 + 1e-6
-    assert all(row["limit_cpus"] >= 2 / 12 - 1e-3 for row in m.status()["containers"])  # the floor held
+    limits = [row["limit_cpus"] for row in m.status()["containers"]]
+    assert all(limit is None or limit >= 2 / 12 - 1e-3 for limit in limits)  # the floor held
 
 
 def test_adaptive_listener_backs_off_once_dqoes_converges() -> None:
@@ -154,6 +177,31 @@ def test_a_killed_container_is_restarted_or_dropped_and_the_loop_goes_on() -> No
     m.step()
     assert "c" not in host.containers and "c" not in m.workers.pool
     assert m.step() > 0
+
+
+def test_a_container_that_does_not_restart_is_dropped_and_the_loop_goes_on() -> None:
+    m, host = _manager(DQoES())
+    m.step()
+    host.kill("c")
+    host.failing_starts.add("c")
+    host.kill("d")
+    host.failing_stops.add("d")  # the stop before its restart fails, and so does the one that drops it
+    m.step()
+    assert "c" not in m.workers.pool and "d" not in m.workers.pool
+    events = [(e["event"], e["container"]) for e in m.status()["events"]]
+    assert ("restart failed", "c") in events and ("restart failed", "d") in events and ("stop failed", "d") in events
+    assert m.step() > 0 and "c" not in m.timeline[-1]["containers"]
+
+
+def test_a_run_with_no_container_to_manage_waits_instead_of_spinning(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("containers.qoe.timeline.plot_timeline", lambda record, path: None)
+    late = ContainerPlan("late", tmp_path, 50.0, load=LoadSpec("none"))  # joins at a random time in the hour
+    scenario = Scenario("empty", 1.0, (late,), schedule=Schedule("random", window_s=3600.0))
+    cpu = time.thread_time()
+    record = run_scenario(scenario, tmp_path / "run", backend=SimulatedHost(2.0, {"late": 20.0}))
+    assert record["joined_at"] == {} and record["wall_s"] >= 1.0
+    assert time.thread_time() - cpu < 0.25  # busy-waiting for the join took the whole second
 
 
 def test_targets_change_while_running_and_bad_targets_are_refused() -> None:

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from containers.errors import ScenarioError
-from containers.load import Balancer, Gamma, Poisson, Trace, join_times
+from containers.load import NOT_SENT, Arrivals, Balancer, Gamma, LoadClient, Poisson, Trace, join_times
 from containers.qoe.run import summarize
 from containers.scenario import read_scenario
+from tests.fakes import SlowInferenceClient
 
 
 def _artifact(tmp_path: Path) -> Path:
@@ -97,6 +99,28 @@ def test_trace_files_are_checked_line_by_line(tmp_path: Path) -> None:
         good.write_text(body)
         with pytest.raises(ScenarioError, match=message):
             Trace.read(good)
+
+
+@pytest.mark.parametrize("text", ["nan", "inf", "-inf"])
+def test_trace_files_refuse_times_that_are_not_finite(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "t.txt"
+    path.write_text(f"0.5\n{text}\n")
+    with pytest.raises(ScenarioError, match=f"t.txt, line 2: expected a time in seconds; got '{text}'"):
+        Trace.read(path)
+
+
+@pytest.mark.parametrize("arrivals", [Trace((0.0,) * 200), Poisson(500.0)], ids=["trace ran out", "still arriving"])
+def test_stopping_an_open_loop_does_not_send_its_backlog(monkeypatch: pytest.MonkeyPatch, arrivals: Arrivals) -> None:
+    monkeypatch.setattr("containers.client.InferenceClient", SlowInferenceClient)
+    client = LoadClient(["http://127.0.0.1:9"], [], arrivals).start()  # one request in flight at a time
+    time.sleep(0.3)
+    started = time.monotonic()
+    records = client.stop()
+    assert time.monotonic() - started < 10 * SlowInferenceClient.seconds  # the request in flight, not seconds more
+    answered, unsent = [r for r in records if r.ok], [r for r in records if not r.ok]
+    assert answered and unsent and all(r.error == NOT_SENT for r in unsent)  # the backlog is on the record, not lost
+    if isinstance(arrivals, Trace):
+        assert len(records) == 200
 
 
 def test_arrival_processes_have_the_asked_rate_and_variability() -> None:

@@ -15,7 +15,7 @@ its own quota allows it on a shared core.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,8 +105,25 @@ class ContainerBackend(ABC):
 
     def close(self) -> None:
         """Stop every container this backend started."""
-        for info in self.list():
-            self.stop(info.spec.name)
+        self.stop_all(info.spec.name for info in self.list())
+
+    def stop_all(self, names: Iterable[str]) -> None:
+        """Stop every container in ``names``, each one even when a stop before it failed.
+
+        Raises:
+            ContainerError: a container did not stop (that stop's own error), or several did not (one error
+                naming each); the others were stopped all the same.
+        """
+        errors: list[ContainerError] = []
+        for name in list(names):
+            try:
+                self.stop(name)
+            except ContainerError as err:
+                errors.append(err)
+        if len(errors) == 1:
+            raise errors[0]
+        if errors:
+            raise ContainerError(f"{len(errors)} containers did not stop: {'; '.join(map(str, errors))}") from errors[0]
 
     def start_cpus(self, spec: ContainerSpec, boost: bool = True) -> float | None:
         """The CPU limit a start of ``spec`` runs under until its server answers."""

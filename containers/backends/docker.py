@@ -144,8 +144,7 @@ class DockerBackend(ContainerBackend):
 
     def close(self) -> None:
         """Stop the containers this instance started (others' labelled containers are left alone)."""
-        for name in sorted(self._started):
-            self.stop(name)
+        self.stop_all(sorted(self._started))
 
     def _managed(self) -> list[Container]:
         """Every labelled container, running or not, whoever started it."""

@@ -103,7 +103,7 @@ def apply_plan(plan: Plan, pipeline: Pipeline, arrivals: np.ndarray, out_dir: Pa
             replicas are asked for without the Tuner.
         ScenarioError: a container spec, port or trace that cannot be used.
         ArtifactError: a stage's artifact does not open. These three are raised before any container starts.
-        ContainerError: a replica did not start (those that did are stopped again).
+        ContainerError: a replica did not start (those that did are stopped again), or did not stop at the end.
     """
     from containers.backends import check_spec, create_backend
 
@@ -142,8 +142,10 @@ def apply_plan(plan: Plan, pipeline: Pipeline, arrivals: np.ndarray, out_dir: Pa
     finally:
         if live_tuner is not None:
             live_tuner.stop()
-        replicas.close()
-        queries = frontend.close()
+        try:
+            replicas.close()
+        finally:  # the dispatchers stop even when a container did not
+            queries = frontend.close()
     wall_s = time.monotonic() - started
     record = live_record(plan, estimator, queries, replicas.events_, engine.kind, tuner, wall_s, tuner_drain)
     used, left = (time.process_time() - cpu_started) / wall_s, sum(shared.values())

@@ -22,6 +22,7 @@ Written as versioned JSON (``schema_version`` 1)::
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -75,6 +76,10 @@ class Plan:
             raise PlanError(f"a plan's slo_ms must be positive; got {self.slo_ms!r}")
         if not self.stages or set(self.stages) != set(self.prices):
             raise PlanError("a plan needs at least one stage, and a price for each")
+        for window_s, most in self.envelope.items():  # the Tuner divides by both
+            if not (0 < window_s < math.inf and most >= 1):
+                raise PlanError(f"a plan's envelope must give at least 1 arrival per window of more than 0 s; "
+                                f"got {most!r} in {window_s!r} s")
 
     def stage_cost(self, name: str) -> float:
         return self.stages[name].replicas * self.prices[name]

@@ -116,9 +116,10 @@ class ReplicaSet:
             outcomes = list(zip(everything, pool.map(self._try_start, stages, everything, spare)))
         errors = [f"{spec.name}: {err}" for spec, err in outcomes if err is not None]
         if errors:
-            for spec, err in outcomes:
-                if err is None:
-                    self.backend.stop(spec.name)
+            try:
+                self.backend.stop_all(spec.name for spec, err in outcomes if err is None)
+            except ContainerError as err:
+                errors.append(f"stopping those that started: {err}")
             raise ContainerError(f"the plan's replicas did not all start; {'; '.join(errors)}")
         self._standby = spares
         for stage, specs in self.specs.items():
@@ -158,7 +159,11 @@ class ReplicaSet:
                 self._spawn(self._shrink, stage, spec)
 
     def close(self) -> None:
-        """Wait for starts and stops in progress, take every replica out of the route, and stop all containers."""
+        """Wait for starts and stops in progress, take every replica out of the route, and stop all containers.
+
+        Raises:
+            ContainerError: a container did not stop (every other one was stopped all the same).
+        """
         with self._lock:
             self._closing = True
             for specs in self._starting.values():
@@ -166,15 +171,14 @@ class ReplicaSet:
             self._no_cold_start.notify_all()
         for worker in list(self._workers):
             worker.join()
-        for spares in self._standby.values():
-            for spec in spares:
-                self.backend.stop(spec.name)
-            spares.clear()
         for stage, specs in self.serving_.items():
             for spec in specs:
                 self.frontend.remove_replica(stage, spec.url)
-                self.backend.stop(spec.name)
+        groups = [*self._standby.values(), *self.serving_.values()]
+        names = [spec.name for specs in groups for spec in specs]
+        for specs in groups:
             specs.clear()
+        self.backend.stop_all(names)
 
     def _try_start(self, stage: str, spec: ContainerSpec, spare: bool = False) -> str | None:
         """Start ``spec`` and warm it up; a ``spare`` (a standby) starts under its limit and is paused then.

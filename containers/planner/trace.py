@@ -23,19 +23,24 @@ MIN_BASE_S = 0.010  # below this a window holds too few arrivals to say anything
 
 
 def check_trace(times: np.ndarray | list[float]) -> np.ndarray:
-    """``times`` as a float array, refused when empty, negative or unsorted."""
+    """``times`` as a float array, refused when empty, not finite, negative or unsorted."""
     arr = np.asarray(times, dtype=float)
     if arr.ndim != 1 or arr.size == 0:
         raise ScenarioError("a trace needs at least one arrival time")
-    bad = np.flatnonzero(np.diff(arr) < 0)
-    if bad.size or arr[0] < 0:
-        at = int(bad[0]) + 1 if bad.size else 0
-        raise ScenarioError(f"trace times must be non-negative and sorted; arrival {at} is at {arr[at]:g} s")
+    bad = np.flatnonzero(~np.isfinite(arr) | (np.diff(arr, prepend=0.0) < 0))
+    if bad.size:
+        at = int(bad[0])
+        raise ScenarioError(f"trace times must be finite, non-negative and sorted; arrival {at} is at {arr[at]:g} s")
     return arr
 
 
 def gamma_trace(rate_per_s: float, cv: float, duration_s: float, seed: int = 0) -> np.ndarray:
     """Arrivals over ``[0, duration_s)`` with gamma inter-arrival times (``cv`` 1 is Poisson)."""
+    return check_trace(_gamma_times(rate_per_s, cv, duration_s, seed))
+
+
+def _gamma_times(rate_per_s: float, cv: float, duration_s: float, seed: int) -> np.ndarray:
+    """``gamma_trace``'s arrivals, unchecked: a short stretch at a low rate may hold none."""
     if not duration_s > 0:
         raise ScenarioError(f"a trace's duration_s must be a positive number; got {duration_s!r}")
     gaps = Gamma(rate_per_s, cv).gaps(np.random.default_rng(seed))
@@ -43,7 +48,7 @@ def gamma_trace(rate_per_s: float, cv: float, duration_s: float, seed: int = 0) 
     times = np.cumsum(np.fromiter(islice(gaps, chunk), float))
     while times[-1] < duration_s:
         times = np.concatenate([times, times[-1] + np.cumsum(np.fromiter(islice(gaps, chunk), float))])
-    return check_trace(times[times < duration_s])
+    return times[times < duration_s]
 
 
 def spike_trace(rate_per_s: float, spike_rate_per_s: float, spike_at_s: float, spike_s: float, duration_s: float,
@@ -54,7 +59,7 @@ def spike_trace(rate_per_s: float, spike_rate_per_s: float, spike_at_s: float, s
                             f"{duration_s:g} s trace")
     bounds = [(0.0, spike_at_s, rate_per_s), (spike_at_s, spike_at_s + spike_s, spike_rate_per_s),
               (spike_at_s + spike_s, duration_s, rate_per_s)]
-    parts = [start + gamma_trace(rate, cv, end - start, seed + k)
+    parts = [start + _gamma_times(rate, cv, end - start, seed + k)  # a stretch may hold none; the whole trace may not
              for k, (start, end, rate) in enumerate(bounds) if end > start]
     return check_trace(np.concatenate(parts))
 

@@ -4,7 +4,9 @@ Quality of container i is ``q_i = o_i - p_i`` (target minus measured response ti
 container is in G (better than target) when ``q_i > alpha * o_i``, in B (worse) when
 ``q_i < -alpha * o_i``, and in S (satisfied) otherwise. Containers in G give up
 ``beta * R_G * q_i / Q_G`` cores of their usage, never going below a floor; what G gives
-up goes to B in proportion to ``q_i / Q_B``, never above the hardware ceiling.
+up goes to B in proportion to ``q_i / Q_B``, never above the hardware ceiling. A container
+with no limit already has every core (the hardware limit): in B it is left as it is, since
+any limit would give it less.
 
 The two policies DQoES is compared with (no limits, static equal limits) implement the
 same interface so that one manager runs all three arms.
@@ -13,7 +15,7 @@ same interface so that one manager runs all three arms.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -81,8 +83,21 @@ class AllocationPolicy(ABC):
     name: str = ""
 
     @abstractmethod
-    def allocate(self, readings: Sequence[Reading], host_cpus: float) -> dict[str, float | None]:
-        """New limits (cores; None = no limit) for the containers whose limit should change."""
+    def allocate(self, readings: Sequence[Reading], host_cpus: float,
+                 pool: Mapping[str, float | None] | None = None) -> dict[str, float | None]:
+        """New limits (cores; None = no limit) for the containers whose limit should change.
+
+        Args:
+            readings: this iteration's containers with a target and a response time.
+            host_cpus: the cores the containers share.
+            pool: every container sharing them, read this iteration or not, with its current limit
+                (None: those in ``readings``); a container without a reading still holds its share.
+        """
+
+
+def _limits_of(readings: Sequence[Reading], pool: Mapping[str, float | None] | None) -> dict[str, float | None]:
+    """Every container sharing the host and its current limit: ``pool``, or else the read containers."""
+    return {r.name: r.limit_cpus for r in readings} if pool is None else dict(pool)
 
 
 class NoLimits(AllocationPolicy):
@@ -90,18 +105,21 @@ class NoLimits(AllocationPolicy):
 
     name = "none"
 
-    def allocate(self, readings: Sequence[Reading], host_cpus: float) -> dict[str, float | None]:
-        return {r.name: None for r in readings if r.limit_cpus is not None}
+    def allocate(self, readings: Sequence[Reading], host_cpus: float,
+                 pool: Mapping[str, float | None] | None = None) -> dict[str, float | None]:
+        return {name: None for name, limit in _limits_of(readings, pool).items() if limit is not None}
 
 
 class StaticEqual(AllocationPolicy):
-    """Each of n containers gets host_cpus / n, whatever its target."""
+    """Each of the n containers in the pool gets host_cpus / n, whatever its target."""
 
     name = "static"
 
-    def allocate(self, readings: Sequence[Reading], host_cpus: float) -> dict[str, float | None]:
-        share = round(host_cpus / max(len(readings), 1), 3)
-        return {r.name: share for r in readings if r.limit_cpus != share}
+    def allocate(self, readings: Sequence[Reading], host_cpus: float,
+                 pool: Mapping[str, float | None] | None = None) -> dict[str, float | None]:
+        limits = _limits_of(readings, pool)
+        share = round(host_cpus / max(len(limits), 1), 3)
+        return {name: share for name, limit in limits.items() if limit != share}
 
 
 @dataclass(frozen=True)
@@ -111,7 +129,8 @@ class DQoES(AllocationPolicy):
     Attributes:
         alpha: tolerance of a target (0.1 = within 10% is satisfied).
         beta: amplitude of one adjustment (share of G's usage moved per iteration).
-        floor_cpus: lowest limit any container gets; None = host_cpus / (2 n), the paper's 1 / (2|C|).
+        floor_cpus: lowest limit any container gets; None = host_cpus / (2 n), n the containers in the pool
+            (the paper's 1 / (2|C|)).
         ceiling_cpus: highest limit; None = every host core (the hardware limit).
     """
 
@@ -127,9 +146,11 @@ class DQoES(AllocationPolicy):
             if not 0 < value < 1:
                 raise ScenarioError(f"DQoES {field_name} must be in (0, 1); got {value}")
 
-    def allocate(self, readings: Sequence[Reading], host_cpus: float) -> dict[str, float | None]:
+    def allocate(self, readings: Sequence[Reading], host_cpus: float,
+                 pool: Mapping[str, float | None] | None = None) -> dict[str, float | None]:
         c = classify(readings, self.alpha)
-        floor = self.floor_cpus if self.floor_cpus is not None else host_cpus / (2 * max(len(readings), 1))
+        containers = len(_limits_of(readings, pool))
+        floor = self.floor_cpus if self.floor_cpus is not None else host_cpus / (2 * max(containers, 1))
         ceiling = self.ceiling_cpus if self.ceiling_cpus is not None else host_cpus
         by_name = {r.name: r for r in readings}
         limits: dict[str, float | None] = {}
@@ -142,8 +163,10 @@ class DQoES(AllocationPolicy):
         if saved > 0:
             for name in c.members(QoeClass.B):  # lines 21-24: give B what G gave up, worst first
                 r = by_name[name]
-                base = max(r.usage_cpus, r.limit_cpus or 0.0)
-                limits[name] = round(min(base + saved * c.quality[name] / c.q_b, ceiling), 3)
+                if r.limit_cpus is None or r.limit_cpus >= ceiling:  # no limit, or at the ceiling: a cap would take CPU
+                    continue
+                grown = max(r.usage_cpus, r.limit_cpus) + saved * c.quality[name] / c.q_b
+                limits[name] = round(min(max(grown, floor), ceiling), 3)
         return {n: v for n, v in limits.items() if v != by_name[n].limit_cpus}
 
 

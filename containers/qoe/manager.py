@@ -70,16 +70,21 @@ class QoeManager:
         self.executor.limits[spec.name] = spec.cpus
         self.analyst.note(self.elapsed(), "joined", spec.name, f"target {target_ms} ms")
         if self.policy.name == "static":  # equal shares change whenever the pool does
-            self.executor.apply(self.policy.allocate(self._idle_readings(), self.host_cpus))
+            self.executor.apply(self.policy.allocate([], self.host_cpus, self._limits()))
         self.listener.reset()
 
     def leave(self, name: str) -> None:
-        if self.workers.leave(name) is not None:
+        """Stop managing ``name`` and stop its container; a stop that fails is noted, and the loop goes on."""
+        if self.workers.leave(name) is None:
+            return
+        self.monitor.forget(name)
+        self.executor.forget(name)
+        self.analyst.drop(name)
+        try:
             self.backend.stop(name)
-            self.monitor.forget(name)
-            self.executor.forget(name)
-            self.analyst.drop(name)
-            self.analyst.note(self.elapsed(), "left", name)
+        except ContainerError as err:
+            self.analyst.note(self.elapsed(), "stop failed", name, str(err))
+        self.analyst.note(self.elapsed(), "left", name)
 
     def step(self) -> float:
         """One iteration; returns the seconds to wait before the next."""
@@ -104,7 +109,7 @@ class QoeManager:
                 readings.append(Reading(name, target, response, usage, limit))
             self.analyst.record(Row(name, target, response, "-", None, round(usage, 3), limit))
         c = classify(readings, self.alpha)
-        changes = self.executor.apply(self.policy.allocate(readings, self.host_cpus)) if readings else 0
+        changes = self.executor.apply(self.policy.allocate(readings, self.host_cpus, self._limits())) if readings else 0
         for r in readings:
             self.analyst.record(Row(r.name, r.target_ms, round(r.response_ms, 3), c.classes[r.name].value,
                                     round(c.quality[r.name], 3), round(r.usage_cpus, 3), self.executor.limit(r.name)))
@@ -133,16 +138,23 @@ class QoeManager:
         }
 
     def _handle_dead(self) -> None:
+        """Restart or drop each container that died; one that does not restart is dropped (one container's
+        failure must not end the run, whose record the others' results need)."""
         for name in self.workers.dead():
             spec = self.workers.pool[name]
             self.analyst.note(self.elapsed(), "exited", name, "dropping it" if self.on_exit == "drop" else "restarting it")
             self.monitor.forget(name)
-            if self.on_exit == "drop":
-                self.leave(name)
-                continue
-            self.backend.stop(name)
-            self.backend.start(replace(spec, cpus=self.executor.limit(name)))
-            self.listener.reset()
+            if self.on_exit == "restart":
+                try:
+                    self.backend.stop(name)
+                    self.backend.start(replace(spec, cpus=self.executor.limit(name)))
+                except ContainerError as err:
+                    self.analyst.note(self.elapsed(), "restart failed", name, f"dropping it: {err}")
+                else:
+                    self.listener.reset()
+                    continue
+            self.leave(name)
 
-    def _idle_readings(self) -> list[Reading]:
-        return [Reading(n, 1.0, 1.0, 0.0, self.executor.limit(n)) for n in self.workers.pool]
+    def _limits(self) -> dict[str, float | None]:
+        """Every managed container's current limit, read this iteration or not: the pool a policy divides."""
+        return {name: self.executor.limit(name) for name in self.workers.pool}

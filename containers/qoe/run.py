@@ -8,6 +8,7 @@ and renamed; ``status.json`` is rewritten after every iteration while it runs.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Callable
@@ -21,7 +22,7 @@ import numpy as np
 
 from containers.atomic import write_atomically
 from containers.backends.base import ContainerBackend, ContainerSpec
-from containers.load import LoadClient, RequestRecord, join_times
+from containers.load import NOT_SENT, LoadClient, RequestRecord, join_times
 from containers.qoe.algorithm import create_policy
 from containers.qoe.control import ControlServer, write_status
 from containers.qoe.listener import create_listener
@@ -80,7 +81,8 @@ def run_scenario(scenario: Scenario, run_dir: Path, events: RunEvents | None = N
                 status = {**manager.status(), "pid": os.getpid(), "control_url": control.url, "scenario": scenario.name}
                 write_status(run_dir, status)
                 events.on_iteration(status)
-            until = min(next_step, joins[0][0] if joins else scenario.duration_s, scenario.duration_s)
+            step_at = next_step if manager.workers.pool else math.inf  # an empty pool waits for a join or the end
+            until = min(step_at, joins[0][0] if joins else scenario.duration_s, scenario.duration_s)
             if manager.wake.wait(max(until - (time.monotonic() - started), 0.0)):
                 manager.wake.clear()
                 next_step = min(next_step, time.monotonic() - started + 0.5)  # a target changed: look again soon
@@ -188,14 +190,20 @@ def late_mean(series: list[list[float]], start_s: float, end_s: float) -> float 
     return round(float(np.mean(values)), 2) if values else None
 
 
+def _request_counts(records: list[RequestRecord]) -> dict[str, Any]:
+    """Sent, answered and failed requests, and the arrivals still queued at the end (never sent)."""
+    sent = [r for r in records if r.error != NOT_SENT]
+    return {"sent": len(sent), "answered": sum(r.ok for r in sent), "failed": sum(not r.ok for r in sent),
+            "not_sent": len(records) - len(sent), "errors": sorted({r.error for r in sent if r.error})[:5]}
+
+
 def _record(scenario: Scenario, manager: QoeManager, final: dict[str, Any], records: dict[str, list[RequestRecord]],
             joined_at: dict[str, float], wall_s: float) -> dict[str, Any]:
     windows = {name: client_windows(rs, joined_at[name]) for name, rs in records.items()}
     satisfied = satisfied_by_window(windows, {c.name: manager.analyst.target(c.name) for c in scenario.containers},
                                     scenario.alpha)
     last_join = max(joined_at.values(), default=0.0)
-    requests = {name: {"sent": len(rs), "answered": sum(r.ok for r in rs), "failed": sum(not r.ok for r in rs),
-                       "errors": sorted({r.error for r in rs if r.error})[:5]} for name, rs in records.items()}
+    requests = {name: _request_counts(rs) for name, rs in records.items()}
     return {
         "scenario": asdict(scenario),
         "wall_s": round(wall_s, 1), "joined_at": joined_at, "status": final, "timeline": manager.timeline,
