@@ -4,7 +4,8 @@
 before anything loads); ``build_policies`` turns it into the objects, starting the
 latency model warm from earlier runs when asked, and naming the earlier databases whose
 best schedules seed the tasks' first rounds. A saved model or database that cannot be
-used is refused with its reason, and tuning goes on with a fresh model.
+used is refused with its reason, and tuning goes on with the rest (a run folder's database
+where its saved model is refused), or with a fresh model.
 """
 
 from __future__ import annotations
@@ -119,29 +120,42 @@ def start_latency_model(sources: Sequence[str], target: Any, num_cores: int, see
     """A latency model started from ``sources`` (saved models, tuning databases, run folders, artifacts),
     or a fresh one.
 
-    A saved model is taken as it is (the first one found); databases beside no saved model are
-    learned from on top (a run folder's saved model has learned its own database already).
+    Saved models come first, in whatever order ``sources`` names them: the first that loads is
+    taken as it is, and any other is skipped with a warning. Then every tuning database that is
+    not beside the model taken (none was saved with it, or it was refused or skipped) is learned
+    from on top (a run folder's saved model has learned its own database already).
     """
     from cost_models.latency_model import (CostModelRefused, create_latency_model, load_latency_model,
                                            warm_start_from_databases)
 
-    model = None
-    for source in sources:
-        saved, database = _find(Path(source))
-        try:
-            if saved and model is None:
-                model = load_latency_model(saved, target, num_cores, seed)
-            elif database and not saved:
-                candidate = model or create_latency_model(num_cores, seed)
-                warm_start_from_databases(candidate, [database], target, num_cores)
-                model = candidate
-            elif not saved and not database:
-                raise CostModelRefused(f"{source} holds no saved latency model ({COST_MODEL_DIR}/meta.json) "
-                                       "and no tuning database")
-        except CostModelRefused as err:
-            warn(f"warm start refused: {err}; tuning starts from a fresh latency model"
-                 if model is None else f"warm start refused: {err}; going on with what was already loaded")
-    return model or create_latency_model(num_cores, seed)
+    found = [(source, *_find(Path(source))) for source in sources]
+    model, taken, refused = None, None, {}
+    for _, saved, _ in found:
+        if saved is not None and model is None:
+            try:
+                model, taken = load_latency_model(saved, target, num_cores, seed), saved
+            except CostModelRefused as err:
+                refused[saved] = err
+    learner = model or create_latency_model(num_cores, seed)
+    for source, saved, database in found:
+        so_far = ("tuning starts from a fresh latency model" if model is None
+                  else "going on with what was already loaded")
+        beside = "learning from the tuning database beside it instead" if database else so_far
+        if saved in refused:
+            warn(f"warm start refused: {refused[saved]}; {beside}")
+        elif saved is not None and saved != taken:
+            warn(f"warm start: saved latency model {saved} skipped, only the first that loads is used ({taken}); "
+                 f"{beside}")
+        elif saved is None and database is None:
+            warn(f"warm start refused: {source} holds no saved latency model ({COST_MODEL_DIR}/meta.json) and no "
+                 f"tuning database; {so_far}")
+        if database is not None and (saved is None or saved != taken):
+            try:
+                warm_start_from_databases(learner, [database], target, num_cores)
+                model = learner
+            except CostModelRefused as err:
+                warn(f"warm start refused: {err}; {so_far}")
+    return learner
 
 
 def _find(path: Path) -> tuple[Path | None, Path | None]:

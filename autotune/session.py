@@ -3,12 +3,14 @@
 The session owns the tuning loop instead of MetaSchedule's task scheduler so that it
 can (1) give every task its own trial budget, (2) stop on a wall-clock limit,
 (3) resume from the database of an earlier run without re-measuring a candidate it
-already holds, (4) hand a whole round, from all tasks, to the measurement engine
-at once, and (5) apply the policies it is given: a candidate filter before anything
-is built, preemption after each round, and an energy ledger that bills the job. Records go to a ``JSONDatabase`` as they are measured, so a killed job loses
-nothing it finished. At the end, each task's top candidates are timed again in
-isolation and a ranked copy of the database (``ranked/``) carries those values: that
-is the database compilation and the artifact use.
+already holds, and with the budgets, stops and screened proposals that run saved beside
+it, (4) hand a whole round, from all tasks, to the measurement engine at once, and
+(5) apply the policies it is given: a candidate filter before anything is built,
+preemption after each round, and an energy ledger that bills the job. Records go to a
+``JSONDatabase`` as they are measured, so a killed job loses nothing it finished. At the
+end, each task's top candidates are timed again in isolation and a ranked copy of the
+database (``ranked/``) carries those values: that is the database compilation and the
+artifact use.
 """
 
 from __future__ import annotations
@@ -28,12 +30,14 @@ from autotune.search import DIRECTED, PARENTS, Proposal, TaskSearch, trusts_mode
 from autotune.tasks import Task
 from cost_models.candidate_filter import CandidateFilter, MeasureAll, Selection
 from cost_models.energy import EnergyLedger
-from cost_models.latency_model import features_reused, is_trained, score
+from cost_models.latency_model import features_reused, for_target, is_trained, learn_records, score
 from cost_models.preemption import NeverPreempt, Preemption, TaskRound
 from cost_models.quality import RankQuality
 from measure.engine import Candidate, Measurement, MeasurementEngine, PhaseWork
 
 MEASUREMENTS_LOG = "measurements.jsonl"
+PROGRESS = "progress.json"  # what a resumed run cannot read back from the database (``TuningSession._save_progress``)
+PROGRESS_SCHEMA = 1
 RANKED_DIR = "ranked"
 RANKING = "ranking.json"
 RANK_TURNS = 3  # the final re-timing goes over a task's top candidates this many times; each keeps its median
@@ -155,6 +159,7 @@ class TuningSession:
     _rounds_by_kind: dict[str, int] = field(
         default_factory=lambda: {"sampled": 0, "seeded": 0, "evolved": 0, "guided": 0}, init=False)
     _seeded: dict[str, int] = field(default_factory=dict, init=False)  # task -> earlier schedules offered
+    _elsewhere: dict[str, int] = field(default_factory=dict, init=False)  # task -> its records for other targets
 
     def run(self) -> Any:
         """Tune until every task has used its budget, its search ends, or time runs out; then rank.
@@ -176,6 +181,8 @@ class TuningSession:
         with open(log_path, "a", encoding="utf-8") as log:
             while searches and not self._out_of_time(started) and not self.stop_reason:
                 self._round(searches, database, log, started)
+                self._save_progress()
+                self.energy.sample()
                 if self.observer:
                     self.observer.on_round_end(self.states, time.monotonic() - started, {
                         "tau": self.quality.recent_tau(),
@@ -229,7 +236,7 @@ class TuningSession:
         """The task's search, seeded with the best schedules earlier jobs' databases hold for its workload."""
         from tvm.s_tir.meta_schedule import TuneContext
 
-        state.round_size = self.round_size or round_size_for(state.budget)
+        state.round_size = self.round_size or round_size_for(state.planned)
         ctx = TuneContext(
             mod=state.task.mod,
             target=self.target,
@@ -279,7 +286,7 @@ class TuningSession:
                                           dict(zip(plan.selection.measure, improved)), plan.trained,
                                           dict(zip(plan.selection.measure, latencies)), state.task.name)
             rounds.append(TaskRound(state.task.name, best_before, state.best_s, state.proposed, plan.kind in DIRECTED,
-                                    state.task.weight, state.planned, state.trials))
+                                    state.task.weight, state.planned, state.trials, state.remaining > 0))
             if state.remaining == 0:
                 self._finish(state, searches)
         decision = self.preemption.after_round(rounds, self.model_latency_s())
@@ -317,9 +324,11 @@ class TuningSession:
                      trained, proposal.kind, proposal.origins)
 
     def _parents(self, state: TaskState, database: Any) -> list[tuple[Any, float]]:
-        """The task's best measured schedules (trace, latency), best first: what an evolved round mutates."""
-        top = database.get_top_k(database.commit_workload(state.task.mod), PARENTS)
-        return [(r.trace, _mean(r.run_secs)) for r in top if _mean(r.run_secs) < math.inf]
+        """The task's best schedules measured on this target (trace, latency), best first: what an evolved
+        round mutates."""
+        top = database.get_top_k(database.commit_workload(state.task.mod), PARENTS + self._elsewhere[state.task.name])
+        return [(r.trace, _mean(r.run_secs)) for r in top
+                if for_target(r, self.target) and _mean(r.run_secs) < math.inf][:PARENTS]
 
     def _finish(self, state: TaskState, searches: dict[str, TaskSearch]) -> None:
         """End a task; trials it did not use go to the tasks still searching, by work share."""
@@ -378,27 +387,34 @@ class TuningSession:
         log.flush()
         return results, latencies, improved
 
-    def _records_by_task(self, database: Any) -> dict[str, list[Any]]:
-        """The database's tuning records, grouped by the task whose workload they tune."""
+    def _records_by_task(self, database: Any) -> dict[str, tuple[list[Any], int]]:
+        """Per task, the database's tuning records of its workload on this session's target, and how many it
+        holds for other targets (a run folder tuned for another machine measured nothing that holds here)."""
         import tvm_ffi
 
         by_workload: dict[int, list[Any]] = {}
         for record in database.get_all_tuning_records():
             by_workload.setdefault(tvm_ffi.structural_hash(record.workload.mod), []).append(record)
-        return {
-            state.task.name: [r for r in by_workload.get(tvm_ffi.structural_hash(state.task.mod), [])
-                              if tvm_ffi.structural_equal(r.workload.mod, state.task.mod)]
-            for state in self.states
-        }
+        by_task = {}
+        for state in self.states:
+            records = [r for r in by_workload.get(tvm_ffi.structural_hash(state.task.mod), [])
+                       if tvm_ffi.structural_equal(r.workload.mod, state.task.mod)]
+            here = [r for r in records if for_target(r, self.target)]
+            by_task[state.task.name] = here, len(records) - len(here)
+        return by_task
 
     def _load_known(self, database: Any) -> None:
-        """Index the database's records by task and candidate hash, so a resumed run re-measures nothing."""
+        """Index the database's records by task and candidate hash, so a resumed run re-measures nothing; the
+        latency model learns them (its saved copy then holds the whole database), and what the run folder
+        saved of the earlier run's progress is taken back."""
         import tvm_ffi
         from tvm.s_tir import Schedule
 
-        for name, records in self._records_by_task(database).items():
+        by_task = self._records_by_task(database)
+        for name, (records, elsewhere) in by_task.items():
             state = next(s for s in self.states if s.task.name == name)
             known = self._known.setdefault(name, {})
+            self._elsewhere[name] = elsewhere
             for record in records:
                 sch = Schedule(record.workload.mod)
                 record.trace.apply_to_schedule(sch, remove_postproc=False)
@@ -407,6 +423,55 @@ class TuningSession:
                 known[tvm_ffi.structural_hash(sch.mod)] = m
                 state.best_s = min(state.best_s, m.latency)
             state.trials = state.resumed = len(known)
+        with self._searching():
+            learn_records(self.cost_model, [r for records, _ in by_task.values() for r in records], self.target,
+                          self.num_threads)
+        self._restore_progress()
+
+    def _save_progress(self) -> None:
+        """Write each task's budget (trials handed over included), screened proposals and stop to ``PROGRESS``,
+        whole or not at all: a resumed run takes them back, where the database only tells it what was measured."""
+        progress = {
+            "schema_version": PROGRESS_SCHEMA, "job_stopped": self.stop_reason,
+            "tasks": {s.task.name: {"planned": s.planned, "budget": s.budget, "screened": s.screened,
+                                    "stopped": s.stopped} for s in self.states},
+        }
+        path = os.path.join(self.work_dir, PROGRESS)
+        with open(path + ".partial", "w", encoding="utf-8") as f:
+            json.dump(progress, f, indent=2)
+        os.replace(path + ".partial", path)
+
+    def _restore_progress(self) -> None:
+        """Take back the earlier run's ``PROGRESS``: its screened proposals used trials of their budgets, and,
+        for the same job (the same tasks planned the same budgets), its stops and budgets handed over hold.
+
+        A job planned otherwise (another ``--trials``) keeps its own budgets and searches again where the
+        earlier run had stopped: its stops were counted on budgets it no longer has.
+        """
+        path = os.path.join(self.work_dir, PROGRESS)
+        if not os.path.exists(path):
+            return
+        try:
+            with open(path, encoding="utf-8") as f:
+                progress = json.load(f)
+            if progress["schema_version"] != PROGRESS_SCHEMA:
+                raise ValueError(f"schema_version {progress['schema_version']!r}, expected {PROGRESS_SCHEMA}")
+            saved = {name: (int(t["planned"]), int(t["budget"]), int(t["screened"]), str(t["stopped"]))
+                     for name, t in progress["tasks"].items()}
+            job_stopped = str(progress["job_stopped"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            unused = f"{path} not used ({type(err).__name__}: {err}); budgets start as planned"
+            self.warning = f"{self.warning}; {unused}" if self.warning else unused
+            return
+        same_job = saved.keys() == {s.task.name for s in self.states} and all(
+            saved[s.task.name][0] == s.planned for s in self.states)
+        for state in self.states:
+            if state.task.name in saved:
+                _, budget, state.screened, stopped = saved[state.task.name]
+                if same_job:
+                    state.budget, state.stopped = budget, stopped
+        if same_job:
+            self.stop_reason = job_stopped
 
     def _rank(self, database: Any) -> Any:
         """Re-time each task's best candidates alone, in turns, and write ``ranked/``: all records, re-timed
@@ -427,7 +492,7 @@ class TuningSession:
         ranked = JSONDatabase(work_dir=staging)
         by_task = self._records_by_task(database)
         for state in self.states:
-            records = by_task[state.task.name]
+            records, _ = by_task[state.task.name]
             value = {i: _mean(r.run_secs) for i, r in enumerate(records)}
             parallel = dict(value)
             retimed: set[int] = set()
@@ -445,6 +510,7 @@ class TuningSession:
                                                                     turns=RANK_TURNS)):
                     value[i] = m.latency
                     retimed.add(i)
+                self.energy.sample()
             ranked_workload = ranked.commit_workload(state.task.mod)
             for i, r in enumerate(records):
                 secs = [value[i]] if value[i] < math.inf else None
@@ -482,10 +548,8 @@ def _earlier_best(databases: Sequence[Any], mod: Any, target: Any) -> list[Any]:
     A database only answers for workloads it has (nothing is committed to it): another model's
     tasks that share a workload with this one seed it, the rest start from draws.
     """
-    from cost_models.latency_model import target_key
-
     found = [r for db in databases if db.has_workload(mod) for r in db.get_top_k(db.commit_workload(mod), PARENTS)
-             if r.target is not None and target_key(r.target) == target_key(target)]
+             if for_target(r, target)]
     found.sort(key=lambda r: _mean(r.run_secs))
     return [r.trace for r in found[:PARENTS] if _mean(r.run_secs) < math.inf]
 

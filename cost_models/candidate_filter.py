@@ -77,8 +77,10 @@ class CandidateFilter(ABC):
             "would_be_best_drop_rate": (c["explored_would_be_best"] + c["shadow_would_be_best"]) / seen if seen else None,
         }
         if final_best_s is not None and self._sample:
-            # ... and the share that ended as their task's fastest of the job
-            ended_best = sum(1 for task, latency in self._sample if latency <= final_best_s.get(task, math.inf))
+            # ... and the share that ended as their task's fastest of the job (a failed candidate never did,
+            # though its inf equals the best of a task where every candidate failed)
+            ended_best = sum(1 for task, latency in self._sample
+                             if math.isfinite(latency) and latency <= final_best_s.get(task, math.inf))
             out.update(final_best_sampled=len(self._sample), final_best_hits=ended_best,
                        final_best_drop_rate=ended_best / len(self._sample))
         return out

@@ -21,20 +21,38 @@ DEFAULT_WATTS_PER_CORE = 7.5  # a busy server core, uncore share included (~280 
 
 
 class EnergyMeter(ABC):
-    """A hardware energy counter read at the start and end of a job."""
+    """Hardware energy counters, each wrapping to zero at its own range.
+
+    ``start`` it, ``sample`` it at least once per wrap period (the ledger is sampled every round), and
+    ``used_j`` is the energy since ``start``. Each counter is unwrapped on its own: a sum of counters
+    does not wrap where any one of them does.
+    """
 
     label: str
+    ranges_j: list[float]  # per counter: the value it wraps to zero at
 
     @abstractmethod
-    def read_j(self) -> float:
-        """The counter in joules (monotonic, wrap-around handled by ``joules_between``)."""
+    def read_j(self) -> list[float]:
+        """Each counter, in joules."""
 
-    def joules_between(self, start: float, end: float) -> float:
-        return end - start
+    def start(self) -> None:
+        self._last = self.read_j()
+        self.used_j = 0.0
+
+    def sample(self) -> float:
+        """Add what each counter rose since the last sample (at most one wrap) and return ``used_j``."""
+        now = self.read_j()
+        for before, after, wrap in zip(self._last, now, self.ranges_j):
+            self.used_j += after - before if after >= before else after + wrap - before
+        self._last = now
+        return self.used_j
 
 
 class RaplMeter(EnergyMeter):
-    """Intel/AMD RAPL package energy from the powercap sysfs tree (all packages summed)."""
+    """Intel/AMD RAPL package energy from the powercap sysfs tree (all packages summed).
+
+    A package counter wraps at ``max_energy_range_uj``, about 262 kJ: some 20 minutes of a busy server.
+    """
 
     label = "RAPL package energy"
 
@@ -42,18 +60,15 @@ class RaplMeter(EnergyMeter):
         self.zones = sorted(z for z in glob.glob(os.path.join(root, "intel-rapl:*")) if z.count(":") == 1)
         if not self.zones:
             raise OSError(f"no RAPL package zones under {root}")
-        self._range = sum(_read_int(os.path.join(z, "max_energy_range_uj")) for z in self.zones) / 1e6
+        self.ranges_j = [_read_int(os.path.join(z, "max_energy_range_uj")) / 1e6 for z in self.zones]
         self.read_j()  # readable (root only on recent kernels)?
 
-    def read_j(self) -> float:
-        return sum(_read_int(os.path.join(z, "energy_uj")) for z in self.zones) / 1e6
-
-    def joules_between(self, start: float, end: float) -> float:
-        return end - start if end >= start else end + self._range - start
+    def read_j(self) -> list[float]:
+        return [_read_int(os.path.join(z, "energy_uj")) / 1e6 for z in self.zones]
 
 
 class NvmlMeter(EnergyMeter):
-    """NVML's total energy since driver load, summed over the GPUs the job measures on."""
+    """NVML's total energy since driver load (a 64-bit count of millijoules), per GPU the job measures on."""
 
     label = "NVML GPU energy"
 
@@ -63,10 +78,11 @@ class NvmlMeter(EnergyMeter):
         pynvml.nvmlInit()
         self._nvml = pynvml
         self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in indices]
+        self.ranges_j = [2**64 / 1e3] * len(self._handles)
         self.read_j()
 
-    def read_j(self) -> float:
-        return sum(self._nvml.nvmlDeviceGetTotalEnergyConsumption(h) for h in self._handles) / 1e3
+    def read_j(self) -> list[float]:
+        return [self._nvml.nvmlDeviceGetTotalEnergyConsumption(h) / 1e3 for h in self._handles]
 
 
 def _read_int(path: str) -> int:
@@ -94,7 +110,7 @@ def gpu_meter(indices: Sequence[int]) -> EnergyMeter | None:
 
 @dataclass
 class EnergyLedger:
-    """Reads the meters around a job and turns its work into a bill."""
+    """Reads the meters when a job starts, as it goes (``sample``) and at its end, and turns its work into a bill."""
 
     cpu: EnergyMeter | None = None
     gpu: EnergyMeter | None = None
@@ -110,7 +126,13 @@ class EnergyLedger:
 
     def start(self) -> None:
         """Read the counters: the bill covers what happens from here on."""
-        self._start = {k: m.read_j() for k, m in (("cpu", self.cpu), ("gpu", self.gpu)) if m is not None}
+        for meter in self._meters():
+            meter.start()
+
+    def sample(self) -> None:
+        """Read the counters again; reading them at least once per wrap period keeps the bill right."""
+        for meter in self._meters():
+            meter.sample()
 
     def bill(self, work: Mapping[str, Mapping[str, float]], wall_s: float, devices: int,
              wasted: Mapping[str, float]) -> dict[str, Any]:
@@ -124,7 +146,7 @@ class EnergyLedger:
         cpu_j, cpu_label = self._cpu_energy(cpu_total)
         gpu_j = None
         if self.gpu is not None:
-            gpu_j = self.gpu.joules_between(self._start["gpu"], self.gpu.read_j())
+            gpu_j = self.gpu.sample()
         phases = {}
         for name, p in work.items():
             share_cpu = p["cpu_s"] / cpu_total if cpu_total else 0.0
@@ -157,5 +179,8 @@ class EnergyLedger:
 
     def _cpu_energy(self, cpu_s: float) -> tuple[float, str]:
         if self.cpu is not None:
-            return self.cpu.joules_between(self._start["cpu"], self.cpu.read_j()), self.cpu.label + " (measured)"
+            return self.cpu.sample(), self.cpu.label + " (measured)"
         return cpu_s * self.watts_per_core, f"estimated: {self.watts_per_core:g} W per busy core x CPU-seconds"
+
+    def _meters(self) -> list[EnergyMeter]:
+        return [m for m in (self.cpu, self.gpu) if m is not None]

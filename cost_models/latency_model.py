@@ -8,7 +8,8 @@ tasks of a session, so what it learns on one kernel helps the next.
 A model is saved with what it was trained on, in a format that loads without pickle
 (the stock ``XGBModel.save`` writes a pickled NumPy object array, which would run
 code from whoever wrote the file). A saved model, or an earlier tuning database,
-starts the next job warm, so its first rounds are not random guesses.
+starts the next job warm, so its first rounds are not random guesses; what it learned
+before does not slow how soon it learns the job's own measurements (``PacedXGBModel``).
 """
 
 from __future__ import annotations
@@ -46,16 +47,52 @@ def create_latency_model(num_cores: int, seed: int = 0, warmup_samples: int = WA
     search; the session only hands a round to that search once the model ranks fresh candidates
     well (``autotune.search``), since a guided round featurises its whole population.
     """
-    from tvm.s_tir.meta_schedule.cost_model import XGBModel
     from tvm.s_tir.meta_schedule.cost_model.xgb_model import XGBConfig
 
-    return XGBModel(
+    return _paced_model_class()(
         extractor=remembered_features(),
         adaptive_training=True,
         num_tuning_cores=num_cores,
         num_warmup_samples=warmup_samples,
         config=XGBConfig(seed=seed),
     )
+
+
+@functools.cache
+def _paced_model_class() -> type:
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.cost_model import XGBModel
+
+    @derived_object
+    class PacedXGBModel(XGBModel._cls):
+        """MetaSchedule's XGBoost model, its training paced by this session's measurements.
+
+        MetaSchedule retrains once its data has grown by a fifth since it last trained. Counted on all
+        it holds, a model started warm with 1,000 earlier samples would wait for 200 of this session's
+        before it retrained: the session's first rounds of a new kernel would be scored by a model that
+        has not seen one measurement of it. So the samples it held before the session
+        (``held_before``) are left out of that count: it retrains on the session's first measurements,
+        then as often as a fresh model would, each time on everything it holds.
+        """
+
+        held_before = 0
+
+        def update(self, context: Any, candidates: list[Any], results: list[Any]) -> None:
+            held = self.held_before
+            self.data_size -= held
+            self.last_train_size = max(self.last_train_size - held, 0)
+            try:
+                super().update(context, candidates, results)
+            finally:
+                self.data_size += held
+                self.last_train_size += held
+
+    return PacedXGBModel
+
+
+def _held_before_session(model: Any) -> None:
+    """What ``model`` holds now was learned before the session: its training pace counts what comes next."""
+    model._inst.held_before = model._inst.data_size
 
 
 def remembered_features(kept: int = FEATURES_KEPT) -> Any:
@@ -107,6 +144,11 @@ def target_key(target: Any) -> str:
     """What a model's measurements are only valid for: the target kind and its CPU or GPU model."""
     attrs = dict(target.attrs)
     return f"{target.kind.name}:{attrs.get('mcpu') or attrs.get('arch') or 'generic'}"
+
+
+def for_target(record: Any, target: Any) -> bool:
+    """Whether a tuning record was measured on ``target`` (as ``target_key`` tells targets apart)."""
+    return record.target is not None and target_key(record.target) == target_key(target)
 
 
 def is_trained(model: Any) -> bool:
@@ -233,6 +275,7 @@ def _restore(model: Any, arrays: dict[str, np.ndarray]) -> None:
     for group_hash, rows, costs in training_groups(arrays):
         inner.data[group_hash] = FeatureGroup(group_hash, list(rows), costs)
     inner.data_size = inner.last_train_size = sum(len(g.costs) for g in inner.data.values())
+    _held_before_session(model)
 
 
 def open_database(folder: str | Path) -> Any:
@@ -263,30 +306,42 @@ def warm_start_from_databases(model: Any, database_dirs: Sequence[str | Path], t
     Raises:
         CostModelRefused: a folder holds no tuning database, or none of its records is for this target.
     """
+    learned = 0
+    for folder in database_dirs:
+        found = learn_records(model, open_database(folder).get_all_tuning_records(), target, num_threads)
+        if not found:
+            raise CostModelRefused(f"{folder} has no measured records for {target_key(target)}")
+        learned += found
+    return learned
+
+
+def learn_records(model: Any, records: Sequence[Any], target: Any, num_threads: int) -> int:
+    """Train ``model`` on those of the tuning ``records`` (of any workloads) measured on ``target``.
+
+    Returns how many it learned from. They count as learned before the session
+    (``PacedXGBModel``): the model retrains on the session's first measurements.
+    """
     import tvm_ffi
     from tvm.s_tir import Schedule
     from tvm.s_tir.meta_schedule import TuneContext
     from tvm.s_tir.meta_schedule.runner import RunnerResult
     from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate
 
+    by_workload: dict[int, list[Any]] = {}
+    for r in records:
+        if r.run_secs and for_target(r, target):
+            by_workload.setdefault(tvm_ffi.structural_hash(r.workload.mod), []).append(r)
     learned = 0
-    for folder in database_dirs:
-        records = open_database(folder).get_all_tuning_records()
-        by_workload: dict[int, list[Any]] = {}
-        for r in records:
-            if r.run_secs and r.target is not None and target_key(r.target) == target_key(target):
-                by_workload.setdefault(tvm_ffi.structural_hash(r.workload.mod), []).append(r)
-        if not by_workload:
-            raise CostModelRefused(f"{folder} has no measured records for {target_key(target)}")
-        for group in by_workload.values():
-            mod = group[0].workload.mod
-            ctx = TuneContext(mod=mod, target=target, num_threads=num_threads)
-            candidates, results = [], []
-            for r in group:
-                sch = Schedule(mod)
-                r.trace.apply_to_schedule(sch, remove_postproc=False)
-                candidates.append(MeasureCandidate(sch, r.args_info))
-                results.append(RunnerResult([float(s) for s in r.run_secs], None))
-            model.update(ctx, candidates, results)
-            learned += len(candidates)
+    for group in by_workload.values():
+        mod = group[0].workload.mod
+        ctx = TuneContext(mod=mod, target=target, num_threads=num_threads)
+        candidates, results = [], []
+        for r in group:
+            sch = Schedule(mod)
+            r.trace.apply_to_schedule(sch, remove_postproc=False)
+            candidates.append(MeasureCandidate(sch, r.args_info))
+            results.append(RunnerResult([float(s) for s in r.run_secs], None))
+        model.update(ctx, candidates, results)
+        learned += len(candidates)
+    _held_before_session(model)
     return learned

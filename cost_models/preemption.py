@@ -73,6 +73,7 @@ class TaskRound:
     weight: float = 1.0  # the task's calls per model run: its best counts this many times in the estimate
     budget: int = 0  # the task's planned trial budget (not counting trials handed over from stopped tasks)
     measured: int | None = None  # of the proposals, those measured (None: all of them)
+    budget_left: bool = True  # trials left after the round (hand-overs included); a task without any has ended
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,8 @@ class PlateauPreemption(Preemption):
             new += fresh
             flat = self._task_flat.setdefault(r.task, _Plateau(self.min_improvement))
             flat.advance(r.best_after_s, fresh if r.directed else 0)
-            if flat.since_gain >= self._patience(self.task_patience, r.budget) and r.proposed >= self.min_task_trials:
+            if (r.budget_left and flat.since_gain >= self._patience(self.task_patience, r.budget)
+                    and r.proposed >= self.min_task_trials):
                 stop[r.task] = self.stopped[r.task] = f"no gain in its last {flat.since_gain} {self.counts}"
         if math.isfinite(model_latency_s):
             self._history.append(model_latency_s)

@@ -58,6 +58,15 @@ def test_the_drop_rate_that_counts_is_the_share_of_the_sample_that_ended_as_its_
     assert "final_best_drop_rate" not in f.report()  # without the job's bests there is nothing to compare with
 
 
+def test_a_failed_candidate_never_ended_as_its_task_s_best():
+    f = TrimmerFilter(trust_rounds=1)
+    scores = [0.1, 0.2, 0.3, 0.4]  # the rule keeps the top one and would drop 0, 1, 2
+    failed = {i: math.inf for i in range(4)}
+    f.observe(scores, f.select(scores, True, 0.5), {i: False for i in range(4)}, True, failed, "a")
+    report = f.report({"a": math.inf})  # every candidate of the task failed: its best is inf too
+    assert (report["final_best_sampled"], report["final_best_hits"], report["final_best_drop_rate"]) == (3, 0, 0.0)
+
+
 def test_filter_keeps_likely_winners_fills_to_the_floor_and_explores_what_it_drops():
     f = TrimmerFilter(threshold=0.9, keep_share=0.25, explore_share=0.1, seed=1)
     _earn_trust(f)
@@ -204,6 +213,14 @@ def test_improving_task_is_never_stopped():
         assert decision.stop_tasks == {} and not decision.stop_job
 
 
+def test_a_task_that_used_its_whole_budget_is_not_counted_as_stopped():
+    """Flat as long as its neighbour, but its round used its last trial: it ended, there was nothing to stop."""
+    p = PlateauPreemption(task_patience=16, min_task_trials=0, model_window=10**6)
+    p.after_round([TaskRound(t, math.inf, 1.0, 16, directed=False) for t in "ab"], 2.0)
+    decision = p.after_round([TaskRound("a", 1.0, 1.0, 32), TaskRound("b", 1.0, 1.0, 32, budget_left=False)], 2.0)
+    assert list(decision.stop_tasks) == ["a"] and list(p.report()["stopped_tasks"]) == ["a"]
+
+
 def test_job_stops_when_the_model_latency_is_flat_over_its_window_of_proposals_per_task():
     p = PlateauPreemption(task_patience=10**6, min_task_trials=0, model_window=32)
     # two tasks, 16 proposals each a round; task a gains in the first three rounds only
@@ -249,12 +266,13 @@ def test_estimated_bill_is_cpu_seconds_times_watts_and_says_so():
     assert bill["cost"] == pytest.approx(0.1)
 
 
-def _rapl_tree(root: Path, energy_uj: int) -> None:
-    zone = root / "intel-rapl:0"
-    (zone / "intel-rapl:0:0").mkdir(parents=True, exist_ok=True)  # a sub-zone (core): not summed
+def _rapl_tree(root: Path, energy_uj: int, package: int = 0) -> None:
+    """A package zone whose counter wraps at 1000 J."""
+    zone = root / f"intel-rapl:{package}"
+    (zone / f"intel-rapl:{package}:0").mkdir(parents=True, exist_ok=True)  # a sub-zone (core): not summed
     (zone / "energy_uj").write_text(f"{energy_uj}\n")
     (zone / "max_energy_range_uj").write_text("1000000000\n")
-    (zone / "intel-rapl:0:0" / "energy_uj").write_text("5\n")
+    (zone / f"intel-rapl:{package}:0" / "energy_uj").write_text("5\n")
 
 
 def test_rapl_counter_is_read_split_by_cpu_seconds_and_survives_wraparound(tmp_path):
@@ -265,6 +283,25 @@ def test_rapl_counter_is_read_split_by_cpu_seconds_and_survives_wraparound(tmp_p
     assert not bill["estimated"] and "RAPL" in bill["method"]["cpu"]
     assert bill["energy_j"] == pytest.approx(100.0)
     assert bill["phases"]["search"]["energy_j"] == pytest.approx(30.0)
+
+
+def test_each_rapl_package_wraps_on_its_own(tmp_path):
+    _rapl_tree(tmp_path, 999_000_000, package=0)
+    _rapl_tree(tmp_path, 100_000_000, package=1)
+    ledger = EnergyLedger(cpu=RaplMeter(str(tmp_path)))
+    _rapl_tree(tmp_path, 2_000_000, package=0)  # wrapped: 1 J + 2 J
+    _rapl_tree(tmp_path, 102_000_000, package=1)  # 2 J
+    assert ledger.bill(WORK, wall_s=10.0, devices=1, wasted=WASTED)["energy_j"] == pytest.approx(5.0)
+
+
+def test_a_rapl_counter_sampled_as_the_job_goes_bills_more_than_one_wrap(tmp_path):
+    _rapl_tree(tmp_path, 100_000_000)
+    ledger = EnergyLedger(cpu=RaplMeter(str(tmp_path)))
+    for energy_uj in (900_000_000, 600_000_000):  # 800 J, then 700 J across a wrap
+        _rapl_tree(tmp_path, energy_uj)
+        ledger.sample()
+    _rapl_tree(tmp_path, 200_000_000)  # 600 J across another wrap
+    assert ledger.bill(WORK, wall_s=10.0, devices=1, wasted=WASTED)["energy_j"] == pytest.approx(2100.0)
 
 
 def test_no_rapl_zones_is_an_error_the_ledger_turns_into_an_estimate(tmp_path):
@@ -414,6 +451,145 @@ def test_a_damaged_earlier_database_is_refused_and_the_job_starts_from_draws(tmp
 def _edit_meta(folder: Path, **changes) -> None:
     meta = json.loads((folder / "meta.json").read_text())
     (folder / "meta.json").write_text(json.dumps({**meta, **changes}))
+
+
+def _save_made_up_model(path: Path, target, samples: int) -> None:
+    """A saved latency model that learned ``samples`` made-up measurements of a made-up kernel."""
+    import numpy as np
+
+    from cost_models.latency_model import FEATURE_LENGTH, _restore, create_latency_model, save_latency_model
+
+    rng = np.random.default_rng(samples)
+    model = create_latency_model(2)
+    _restore(model, {"group_hashes": np.array(["made-up"]), "group_sizes": np.array([samples]),
+                     "costs": rng.uniform(1e-3, 2e-3, samples).astype(np.float32),
+                     "store_counts": np.ones(samples, dtype=np.int64),
+                     "features": rng.random((samples, FEATURE_LENGTH), dtype=np.float32)})
+    save_latency_model(model, path, target)
+
+
+def _commit_records(folder: Path, task, target, latencies, seed: int = 0) -> list[int]:
+    """Commit one tuning record of a fresh draw for ``task`` (its context and spaces) per latency to the
+    database in ``folder``; return their schedules' hashes."""
+    from tvm.s_tir.meta_schedule.database import JSONDatabase, TuningRecord
+
+    from autotune.search import TaskSearch
+    from tests.conftest import schedule_hash
+
+    ctx, spaces = task
+    folder.mkdir(parents=True, exist_ok=True)
+    database = JSONDatabase(work_dir=str(folder))
+    workload = database.commit_workload(ctx.mod)
+    drawn = TaskSearch(ctx, spaces, seed=seed).propose(len(latencies), [], set(), None, False).candidates
+    for candidate, latency in zip(drawn, latencies):
+        database.commit_tuning_record(TuningRecord(candidate.sch.trace, workload, [latency], target,
+                                                   candidate.args_info))
+    return [schedule_hash(c) for c in drawn]
+
+
+def test_a_loaded_model_retrains_on_the_session_s_first_measurements_then_at_a_fresh_model_s_pace(
+        matmul_task, tmp_path, monkeypatch):
+    """MetaSchedule retrains once its data grew by a fifth: counted on the 100 loaded samples, 16 new ones
+    would not retrain it at all."""
+    from tvm.s_tir.meta_schedule.runner import RunnerResult
+
+    from autotune.search import TaskSearch
+    from cost_models.latency_model import load_latency_model
+
+    ctx, spaces = matmul_task
+    _save_made_up_model(tmp_path / "m", ctx.target, samples=100)
+    model = load_latency_model(tmp_path / "m", ctx.target, 2)
+    trained_on = []
+    monkeypatch.setattr(model._inst, "_train", lambda xs, ys: trained_on.append(len(xs)))
+    drawn = TaskSearch(ctx, spaces, seed=3).propose(16, [], set(), None, False).candidates
+    for measured in (drawn[:8], drawn[8:]):
+        model.update(ctx, measured, [RunnerResult([1e-3], None)] * len(measured))
+    assert trained_on == [108, 116]  # each time on all it holds
+
+
+def test_saved_models_load_first_whatever_the_order_and_a_refused_one_falls_back_to_its_database(matmul_task,
+                                                                                                tmp_path):
+    import tvm
+
+    from cost_models.latency_model import samples
+
+    ctx, _ = matmul_task
+    _save_made_up_model(tmp_path / "model", ctx.target, samples=40)
+    _save_made_up_model(tmp_path / "other-model", ctx.target, samples=10)
+    _commit_records(tmp_path / "database", matmul_task, ctx.target, [1e-3, 2e-3, 3e-3])
+    _commit_records(tmp_path / "run", matmul_task, ctx.target, [1e-3, 2e-3, 3e-3])  # a run folder, whose model
+    _save_made_up_model(tmp_path / "run" / "cost_model", tvm.target.Target({"kind": "llvm", "mcpu": "skylake"}), 10)
+    for sources, learned, warned in (
+            (["database", "model"], 40 + 3, []),
+            (["run", "model"], 40 + 3, ["trained for llvm:skylake", "learning from the tuning database beside it"]),
+            (["model", "other-model"], 40, [f"{tmp_path / 'other-model'} skipped", "going on with"])):
+        said = []
+        model = start_latency_model([str(tmp_path / s) for s in sources], ctx.target, 2, 0, said.append)
+        assert samples(model) == learned, sources
+        assert len(said) == len(warned[:1]) and all(phrase in said[0] for phrase in warned), said
+
+
+# -- a resumed run folder ---------------------------------------------------------------------------
+
+
+def _resumed(work_dir: Path, task, budgets: dict[str, int]):
+    """A session over ``work_dir`` for tasks "mm" (the matmul of ``task``) and "dense", with ``budgets``,
+    that has loaded what the folder holds."""
+    from tvm.s_tir.meta_schedule.database import JSONDatabase
+
+    from autotune.session import TaskState, TuningSession
+    from autotune.tasks import Task
+    from cost_models.latency_model import create_latency_model
+    from measure.kernels import kernel
+
+    ctx, _ = task
+    mods = {"mm": ctx.mod, "dense": kernel("dense_bert")}
+    session = TuningSession([TaskState(Task(name, mods[name], 1, 1.0), budget) for name, budget in budgets.items()],
+                            ctx.target, "cpu", engine=None, cost_model=create_latency_model(2), work_dir=str(work_dir))
+    work_dir.mkdir(parents=True, exist_ok=True)
+    database = JSONDatabase(work_dir=str(work_dir))
+    session._load_known(database)
+    return session, database
+
+
+def test_a_run_folder_tuned_for_another_target_lends_a_resumed_run_nothing(matmul_task, tmp_path):
+    import tvm
+
+    ctx, _ = matmul_task
+    here = _commit_records(tmp_path, matmul_task, ctx.target, [3e-3, 4e-3])
+    elsewhere = tvm.target.Target({"kind": "llvm", "mcpu": "skylake", "num-cores": 2})
+    _commit_records(tmp_path, matmul_task, elsewhere, [1e-6, 2e-6, 3e-6], seed=5)
+    session, database = _resumed(tmp_path, matmul_task, {"mm": 8})
+    (state,) = session.states
+    assert set(session._known["mm"]) == set(here) and (state.trials, state.best_s) == (2, 3e-3)
+    assert [latency for _, latency in session._parents(state, database)] == [3e-3, 4e-3]
+
+
+def test_a_resumed_run_s_model_learns_the_records_already_there(matmul_task, tmp_path):
+    from cost_models.latency_model import samples
+
+    ctx, _ = matmul_task
+    _commit_records(tmp_path, matmul_task, ctx.target, [3e-3, 4e-3, 5e-3])
+    session, _ = _resumed(tmp_path, matmul_task, {"mm": 8})
+    assert samples(session.cost_model) == 3
+
+
+def test_a_resumed_run_keeps_its_stops_hand_overs_and_screened_proposals(matmul_task, tmp_path):
+    ctx, _ = matmul_task
+    _commit_records(tmp_path, matmul_task, ctx.target, [3e-3, 4e-3])
+    killed, _ = _resumed(tmp_path, matmul_task, {"mm": 8, "dense": 8})
+    mm, dense = killed.states  # mm stopped at 4 proposals (2 of them screened), its 4 left went to dense
+    mm.screened, mm.budget, mm.stopped = 2, 4, "no gain in its last 2 proposals"
+    dense.screened, dense.budget = 3, 12
+    killed._save_progress()
+    again, _ = _resumed(tmp_path, matmul_task, {"mm": 8, "dense": 8})
+    mm, dense = again.states
+    assert (mm.trials, mm.screened, mm.remaining, mm.stopped) == (2, 2, 0, "no gain in its last 2 proposals")
+    assert (dense.budget, dense.screened, dense.remaining) == (12, 3, 9)
+    # planned otherwise (another --trials), a job keeps its own budgets: the stop was counted on the old ones
+    more, _ = _resumed(tmp_path, matmul_task, {"mm": 10, "dense": 10})
+    mm, dense = more.states
+    assert (mm.budget, mm.screened, mm.stopped, dense.budget, dense.screened) == (10, 2, "", 10, 3)
 
 
 def test_the_artifact_carries_the_model_and_the_bill(tuned_run):
