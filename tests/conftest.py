@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -69,7 +70,8 @@ def tuned_run(tmp_path_factory: pytest.TempPathFactory) -> TuneOutcome:
 def docker_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DockerClient]:
     """A Docker engine for the session: one already running (left running), else dockerd started here and stopped after.
 
-    Skips, with the reason in one line, only where no engine runs and none can be started.
+    Skips, with the reason in one line, only where no engine runs and none can be started; fails
+    instead where ``AUTOTUNE_REQUIRE_DOCKER`` is set (CI, whose Docker tests must not pass by skipping).
     Servers a killed session left stopped are removed first: tests count what is left after them.
     """
     from containers.backends.docker import DockerBackend
@@ -80,6 +82,8 @@ def docker_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DockerCl
         try:
             client = stack.enter_context(ensure_engine(tmp_path_factory.mktemp("dockerd") / "dockerd.log"))
         except BackendUnavailable as err:
+            if os.environ.get("AUTOTUNE_REQUIRE_DOCKER"):
+                pytest.fail(f"AUTOTUNE_REQUIRE_DOCKER is set and no Docker engine is available: {err}", pytrace=False)
             pytest.skip(str(err))
         DockerBackend(client).prune()
         yield client
