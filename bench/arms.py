@@ -64,6 +64,7 @@ def stock(workload: str, trials: int, work_dir: str, warm: bool, target_name: st
     wall = time.monotonic() - started
     if warm:
         builder.pool.shutdown()  # its workers' CPU time is counted once they are reaped
+    runner.runner.pool.shutdown()  # and so is the timing worker's, which lives as long as the runner
     records = db.get_all_tuning_records()
     secs = [s for s in (statistics.fmean(float(x) for x in r.run_secs) for r in records if r.run_secs) if s < 1e9]
     wasted = never_improved(records)

@@ -219,21 +219,44 @@ def batch1_ms(artifacts: list[Path]) -> dict[str, dict[str, float]]:
     return out
 
 
+OURS = ("inferline", "inferline+tuner", "inferline+tuner+standby")  # cheapest first: the plan, then what it adds
+
+
+def ratio_at_no_more_misses(row: dict[str, Any]) -> float | None:
+    """The target's comparison: CG-Peak's cost over that of the first of ours (the Planner, with the Tuner, with
+    standby replicas) whose misses are no more than CG-Peak's or within the p99 SLO's 1%; None where none is."""
+    peak = row["methods"].get("cg-peak", {})
+    if "cost_per_hour" not in peak:
+        return None
+    bound = max(peak["miss_rate"], SLO_MISS_RATE)
+    for method in OURS:
+        ours = row["methods"].get(method, {})
+        if "miss_rate" in ours and ours["miss_rate"] <= bound:
+            return round(peak["cost_per_hour"] / ours["cost_per_hour"], 2)
+    return None
+
+
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Cost ratios overall and by pipeline size, and how often each side keeps its misses within the p99 SLO's 1%.
 
-    A one-stage pipeline leaves nothing to place stage by stage: there CG is the Planner's own
-    search space minus the batch and replica trade-offs, so the ratio is about 1 by construction.
+    The plain ratio sets CG-Peak against the Planner's plan alone, whatever either misses (a 3x
+    spike breaks the plan and not CG-Peak). The target's ratio is taken at no more misses
+    (``ratio_at_no_more_misses``; a row where none of ours keeps to that counts as 0), and the
+    target is met for a pipeline size when the median of its rows' is at least 5x. A one-stage pipeline leaves nothing to place stage by stage:
+    there CG is the Planner's own search space minus the batch and replica trade-offs, so the
+    ratio is about 1 by construction.
     """
     ratios = [r["cost_ratio_vs_cg_peak"] for r in rows if "cost_ratio_vs_cg_peak" in r]
+    sizes = sorted({r["stages"] for r in rows})
     by_size = {n: [r["cost_ratio_vs_cg_peak"] for r in rows if r["stages"] == n and "cost_ratio_vs_cg_peak" in r]
-               for n in sorted({r["stages"] for r in rows})}
+               for n in sizes}
+    fair = {n: [ratio_at_no_more_misses(r) for r in rows if r["stages"] == n] for n in sizes}
     no_worse = [r for r in rows if "cost_ratio_vs_cg_peak" in r
                 and r["methods"]["inferline"]["miss_rate"] <= r["methods"]["cg-peak"]["miss_rate"]]
     # a p99 SLO is kept or not: misses within its 1% count as no more than CG-Peak's, whatever CG-Peak's are
     slo_no_worse = {m: sum(r["methods"][m]["miss_rate"] <= max(r["methods"]["cg-peak"]["miss_rate"], SLO_MISS_RATE)
                            for r in rows if "cost_ratio_vs_cg_peak" in r and m in r["methods"])
-                    for m in ("inferline", "inferline+tuner", "inferline+tuner+standby")}
+                    for m in OURS if any(m in r["methods"] for r in rows)}
     steady = [r for r in rows if "cost_ratio_vs_cg_peak" in r and not r["spike"]]
     within = {m: sum(r["methods"][m]["miss_rate"] <= SLO_MISS_RATE for r in steady) for m in ("cg-peak", "inferline")}
     five = [r["methods"]["inferline"]["planning_s"] for r in rows if r["stages"] == 5 and "planning_s" in
@@ -249,6 +272,11 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
                                   "max": max(ratios, default=None)},
         "cost_ratio_vs_cg_peak_by_stages": {n: {"min": min(v), "median": statistics.median(v), "max": max(v)}
                                             for n, v in by_size.items() if v},
+        "cost_ratio_at_no_more_misses_by_stages": {
+            n: {"rows": f"{sum(x is not None for x in v)}/{len(v)}",
+                "rows_at_target": f"{sum(x is not None and x >= TARGETS['cost_ratio_vs_cg_peak'] for x in v)}/{len(v)}",
+                **({"min": min(k), "median": statistics.median(k), "max": max(k)} if (k := [x for x in v if x]) else {})}
+            for n, v in fair.items()},
         "rows_planner_miss_rate_no_higher_than_cg_peak": f"{len(no_worse)}/{len(ratios)}",
         "rows_miss_rate_no_higher_than_cg_peak_or_within_slo": {m: f"{n}/{len(ratios)}" for m, n in slo_no_worse.items()},
         "steady_rows_within_slo_miss_rate": {m: f"{n}/{len(steady)}" for m, n in within.items()},
@@ -265,7 +293,9 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "planning_s_5_stages_max": max(five, default=None),
         "estimator_visits_per_s_median": round(statistics.median(rates)) if rates else None,
         "targets": TARGETS,
-        "met": {"cost_ratio_vs_cg_peak": bool(ratios) and statistics.median(ratios) >= TARGETS["cost_ratio_vs_cg_peak"],
+        "met": {"cost_ratio_at_no_more_misses_by_stages": {
+                    n: bool(v) and statistics.median(x or 0.0 for x in v) >= TARGETS["cost_ratio_vs_cg_peak"]
+                    for n, v in fair.items()},
                 "planning_s_5_stages": bool(five) and max(five) < TARGETS["planning_s_5_stages"]},
     }
 
@@ -307,8 +337,16 @@ def run_markdown(run: dict[str, Any], plan_percentile: float) -> list[str]:
     gaps = list(s.get("search_gap_by_stages", {}).items())
     by_size = "; ".join(f"{n} stages: {v['min']}-{v['max']} (median {v['median']})"
                         for n, v in s["cost_ratio_vs_cg_peak_by_stages"].items())
-    lines += ["", f"CG-Peak / Planner cost: {s['cost_ratio_vs_cg_peak']} (target >= {TARGETS['cost_ratio_vs_cg_peak']:g}x; "
-              f"met: {s['met']['cost_ratio_vs_cg_peak']}); by pipeline: {by_size}.",
+    fair = "; ".join(f"{n} stages: " + (f"{v['min']}-{v['max']}, " if "min" in v else "")
+                     + f"{v['rows']} rows at no more misses, {v['rows_at_target']} at "
+                     f">= {TARGETS['cost_ratio_vs_cg_peak']:g}x, met: {s['met']['cost_ratio_at_no_more_misses_by_stages'][n]}"
+                     for n, v in s["cost_ratio_at_no_more_misses_by_stages"].items())
+    lines += ["", f"CG-Peak / Planner cost, the plan alone whatever either misses: {s['cost_ratio_vs_cg_peak']}; by "
+              f"pipeline: {by_size}.",
+              f"At no more misses (the target: CG-Peak against the first of the Planner, Planner+Tuner, "
+              f"Planner+Tuner+standby that misses no more than CG-Peak or keeps within the p99 SLO's {SLO_MISS_RATE:.0%}; "
+              f"met where a size's median row, a row without one counting 0, is >= "
+              f"{TARGETS['cost_ratio_vs_cg_peak']:g}x): {fair}.",
               f"Rows where the Planner misses no more than CG-Peak: {s['rows_planner_miss_rate_no_higher_than_cg_peak']}; "
               f"no more than CG-Peak or within the p99 SLO's {SLO_MISS_RATE:.0%}: Planner "
               f"{s['rows_miss_rate_no_higher_than_cg_peak_or_within_slo']['inferline']}, Planner+Tuner "
@@ -385,7 +423,15 @@ def main() -> None:
                         help="keep the recorded run (simulated, or with --live the live one) and add this one beside it")
     parser.add_argument("--profile-containers", action="store_true",
                         help="first measure the default artifacts in containers (Docker), as the committed run did")
+    parser.add_argument("--resummarize", action="store_true",
+                        help="recompute the recorded simulated runs' summaries from their rows (no new run)")
     args = parser.parse_args()
+    if args.resummarize:
+        recorded = json.loads((args.out / "planner.json").read_text())["simulated"]
+        for run in [recorded, *recorded.get("reruns", [])]:
+            run["summary"] = summarize(run["rows"])
+        write_results(recorded, args.out)
+        return
     if args.live:
         from bench.planner_live import run_live
 

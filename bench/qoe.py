@@ -146,7 +146,8 @@ def verdict(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
         d, q = default["satisfied_late_mean"], dqoes["satisfied_late_mean"]
         out["satisfied"] = {"default": d, "dqoes": q}
         out["satisfied_ratio_vs_default"] = round(q / d, 2) if d else None
-        out["converge_iterations"] = max((r["converged_after_iterations"] or 0) for k, r in runs.items() if "dqoes" in k)
+        iterations = [r["converged_after_iterations"] for k, r in runs.items() if "dqoes" in k]
+        out["converge_iterations"] = None if None in iterations else max(iterations)  # None: a run never converged
     if dqoes and fixed:
         a, f = dqoes["iterations_after_converged_per_min"], fixed["iterations_after_converged_per_min"]
         out["adaptive_fewer_adjustments"] = round(1 - a / f, 3) if f else None
@@ -154,7 +155,7 @@ def verdict(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     met = []
     if (out.get("satisfied_ratio_vs_default") or 0) >= TARGETS["satisfied_ratio_vs_default"]:
         met.append("satisfied_ratio_vs_default")
-    if out.get("converge_iterations", 99) <= TARGETS["converge_iterations"]:
+    if out.get("converge_iterations") is not None and out["converge_iterations"] <= TARGETS["converge_iterations"]:
         met.append("converge_iterations")
     if (out.get("adaptive_fewer_adjustments") or 0) >= TARGETS["adaptive_fewer_adjustments"] and out.get(
             "adaptive_keeps_satisfied"):

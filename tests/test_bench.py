@@ -186,7 +186,12 @@ def test_the_search_gap_finds_a_feasible_plan_no_dearer_than_the_greedy_descent(
     assert est.feasible(found, 150) and config_cost(chain, found) == pytest.approx(gap["enumerated_cost_per_hour"], abs=1e-5)
     greedy = minimize_cost(est, 150, initialize(est, 150))
     assert gap["greedy_cost_per_hour"] == pytest.approx(config_cost(chain, greedy), abs=1e-5)
-    assert gap["gap"] >= 1 and gap["combinations"] == 8 * 12 * 8  # pre and post: 2 sizes x 4 batches; cnn: 3 x 4
+    assert gap["combinations"] == 8 * 12 * 8  # pre and post: 2 sizes x 4 batches; cnn: 3 x 4
+    # the descent stops at $0.1275/h (six half-cores' worth); the enumeration finds five half-core replicas at batch 1,
+    # three of them on the CNN: 5 x $0.02125 = $0.10625/h, 1.2 times cheaper
+    assert gap["greedy_cost_per_hour"] == pytest.approx(0.1275)
+    assert gap["enumerated"] == {"pre": ["cpu-0.5", 1, 1], "cnn": ["cpu-0.5", 1, 3], "post": ["cpu-0.5", 1, 1]}
+    assert gap["enumerated_cost_per_hour"] == pytest.approx(0.10625) and gap["gap"] == pytest.approx(1.2)
     monkeypatch.setattr(bench.planner, "ENUMERATE_MAX", gap["combinations"] - 1)
     assert bench.planner.search_gap(est, 150) is None
 
@@ -201,3 +206,35 @@ def test_a_spike_row_says_how_many_of_the_tuners_misses_its_replicas_start_up_co
     summary = bench.planner.summarize([row])
     line = bench.planner._spike_line(summary["spike_miss_rates"], summary["spike_startup_s"])
     assert f"{tuned['miss_rate_instant_start']:.1%}" in line and "start in 5 s" in line
+
+
+def _row(stages: int, peak: tuple[float, float], **ours: tuple[float, float]) -> dict:
+    """A simulated row: each method's (cost per hour, miss rate)."""
+    methods = {"cg-peak": {"cost_per_hour": peak[0], "miss_rate": peak[1]}}
+    methods.update({m.replace("_", "+"): {"cost_per_hour": c, "miss_rate": r} for m, (c, r) in ours.items()})
+    return {"stages": stages, "spike": False, "methods": methods, "estimator_visits_per_s": None,
+            "cost_ratio_vs_cg_peak": round(peak[0] / methods["inferline"]["cost_per_hour"], 2)}
+
+
+def test_the_planner_target_compares_costs_only_at_no_more_misses_than_cg_peak():
+    steady = _row(5, (10.0, 0.0), inferline=(1.0, 0.004))  # within the p99 SLO's 1%: the plan counts
+    spike = _row(5, (10.0, 0.0), inferline=(0.5, 0.7), inferline_tuner=(1.5, 0.03), inferline_tuner_standby=(4.0, 0.0))
+    broken = _row(5, (10.0, 0.0), inferline=(0.5, 0.7), inferline_tuner=(1.0, 0.2))  # none of ours keeps to it
+    assert bench.planner.ratio_at_no_more_misses(steady) == 10.0
+    assert bench.planner.ratio_at_no_more_misses(spike) == 2.5  # the plan alone would say 20x at 70% misses
+    assert bench.planner.ratio_at_no_more_misses(broken) is None
+    fair = bench.planner.summarize([steady, spike, broken])["cost_ratio_at_no_more_misses_by_stages"][5]
+    assert fair == {"rows": "2/3", "rows_at_target": "1/3", "min": 2.5, "median": 6.25, "max": 10.0}
+    assert not bench.planner.summarize([steady, spike, broken])["met"]["cost_ratio_at_no_more_misses_by_stages"][5]
+    assert bench.planner.summarize([steady, steady, spike])["met"]["cost_ratio_at_no_more_misses_by_stages"][5]
+
+
+def test_a_dqoes_run_that_never_converged_does_not_meet_the_convergence_target():
+    import bench.qoe
+
+    run = {"satisfied_late_mean": 4.0, "converged_after_iterations": 3, "iterations_after_converged_per_min": 1.0}
+    runs = {"burst-default": {**run, "satisfied_late_mean": 1.0}, "burst-dqoes": run, "burst-dqoes_fixed": run}
+    assert "converge_iterations" in bench.qoe.verdict(runs)["targets_met"]
+    never = {**runs, "burst-dqoes": {**run, "converged_after_iterations": None}}
+    assert bench.qoe.verdict(never)["converge_iterations"] is None
+    assert "converge_iterations" not in bench.qoe.verdict(never)["targets_met"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from autotune.errors import UsageError
 from autotune.policies import PolicySettings, start_latency_model
 from cost_models.candidate_filter import MeasureAll, TrimmerFilter
-from cost_models.energy import EnergyLedger, RaplMeter, gpu_meter
+from cost_models.energy import EnergyLedger, RaplMeter, cpu_meter, gpu_meter
 from cost_models.preemption import COUNTS, NeverPreempt, PlateauPreemption, TaskRound
 from cost_models.quality import RankQuality
 
@@ -304,10 +305,23 @@ def test_a_rapl_counter_sampled_as_the_job_goes_bills_more_than_one_wrap(tmp_pat
     assert ledger.bill(WORK, wall_s=10.0, devices=1, wasted=WASTED)["energy_j"] == pytest.approx(2100.0)
 
 
-def test_no_rapl_zones_is_an_error_the_ledger_turns_into_an_estimate(tmp_path):
-    with pytest.raises(OSError):
+def test_no_rapl_zones_is_an_error_the_ledger_turns_into_an_estimate(tmp_path, monkeypatch):
+    with pytest.raises(OSError, match="no RAPL package zones"):
         RaplMeter(str(tmp_path))
-    assert gpu_meter([]) is None
+    # cpu_meter reads the powercap tree at RaplMeter's default root: point that at a folder of our own
+    monkeypatch.setattr(RaplMeter.__init__, "__defaults__", (str(tmp_path / "powercap"),))
+    (tmp_path / "powercap").mkdir()
+    assert cpu_meter() is None  # no zones
+    (tmp_path / "powercap" / "intel-rapl:0").mkdir()
+    assert cpu_meter() is None  # a zone whose counters cannot be read (as for a non-root user on recent kernels)
+    _rapl_tree(tmp_path / "powercap", 5_000_000)
+    assert isinstance(cpu_meter(), RaplMeter)  # the same root with a readable counter is measured
+    shutil.rmtree(tmp_path / "powercap" / "intel-rapl:0")
+    ledger = EnergyLedger(cpu=cpu_meter(), gpu=gpu_meter([]), watts_per_core=10.0)
+    bill = ledger.bill(WORK, wall_s=100.0, devices=1, wasted=WASTED)
+    assert bill["estimated"] is True and bill["method"] == {"cpu": "estimated: 10 W per busy core x CPU-seconds",
+                                                           "gpu": None}
+    assert bill["energy_j"] == pytest.approx(1000.0) and bill["gpu_energy_j"] is None  # 100 CPU-seconds x 10 W
 
 # -- the saved latency model ----------------------------------------------------------------------
 

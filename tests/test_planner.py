@@ -16,7 +16,7 @@ import pytest
 from containers.errors import PlanError, ScenarioError
 from containers.planner.batchqueue import CfsBandwidth, ReplicaChange, replica_windows, serve
 from containers.planner.config import StageConfig, standby_replicas
-from containers.planner.estimator import STARTUP_S, WARMUP_REQUESTS, Estimator
+from containers.planner.estimator import Estimator
 from containers.planner.hardware import PriceTable, hardware_key
 from containers.planner.pipeline import read_pipeline
 from containers.planner.plan import Plan, Prediction, read_plan
@@ -360,12 +360,13 @@ def test_added_replicas_wait_for_their_profiled_container_start_and_warm_up(tmp_
     cfg, added = {"m": StageConfig("cpu-1", 1, 1)}, [ReplicaChange(5.0, "m", 2)]
     quick, slow, unprofiled = (Estimator(one_stage(tmp_path / name, {1: {1: 10.0}}, startup_s=s), arrivals)
                                for name, s in (("quick", 1.5), ("slow", 12.0), ("unprofiled", None)))
-    warmup_s = WARMUP_REQUESTS * 10.0 / 1e3  # requests of one item, 10 ms each
-    assert quick.replica_startup_s("m", "cpu-1", 1) == pytest.approx(1.5 + warmup_s)
-    assert slow.replica_startup_s("m", "cpu-1", 1) == pytest.approx(12.0 + warmup_s)
-    assert unprofiled.replica_startup_s("m", "cpu-1", 1) == STARTUP_S
+    warmup_s = 0.02  # the warm-up: two requests of one item, 10 ms each, before the replica is routed to
+    assert quick.replica_startup_s("m", "cpu-1", 1) == pytest.approx(1.52)
+    assert slow.replica_startup_s("m", "cpu-1", 1) == pytest.approx(12.02)
+    assert unprofiled.replica_startup_s("m", "cpu-1", 1) == 5.0  # the documented default where none was profiled
     batched = Estimator(one_stage(tmp_path / "batched", {1: {1: 10.0, 4: 30.0}}, startup_s=1.5), arrivals)
-    assert batched.replica_startup_s("m", "cpu-1", 4) == pytest.approx(1.5 + WARMUP_REQUESTS * (10.0 + 30.0) / 1e3)
+    # two requests of one item (10 ms) and two of the batch of 4 (30 ms): 80 ms on top of the container's 1.5 s
+    assert batched.replica_startup_s("m", "cpu-1", 4) == pytest.approx(1.58)
     # the second replica serves from 6.5 s on one, from 17 s on the other: the backlog of the first drains first
     settled = (arrivals > 12) & (arrivals < 17)
     assert quick.estimate(cfg, 50, added).latencies_ms[settled].max() == pytest.approx(10.0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -35,7 +36,9 @@ from containers.planner.planner import plan_pipeline
 from containers.planner.profiles import ServicePoint, StageProfile
 from containers.planner.trace import gamma_trace, write_trace
 from tests.fakes import SimulatedHost, spec
-from tests.planner_profiles import CHAIN, CNN, PRE, chain, one_stage, write_pipeline  # noqa: F401 (chain: a fixture)
+from results.artifact import rewrite_profile
+from results.profile import read_profile
+from tests.planner_profiles import CHAIN, CNN, PRE, chain, one_stage, write_profile  # noqa: F401 (chain: a fixture)
 from tests.test_server import build_toy_artifact, running_server
 
 SHARE_TOLERANCE = 0.08
@@ -323,40 +326,82 @@ def test_the_as_served_schedule_predicts_what_the_asked_one_does_when_replicas_s
     assert late.p99_ms > served.p99_ms
 
 
-@pytest.mark.parametrize("case", ["other pipeline", "unprofiled hardware", "not a plan", "not an artifact",
-                                  "more than the cores hold", "cores not ours", "negative standby",
-                                  "standby without the Tuner"])
-def test_plan_apply_refuses_bad_input_and_starts_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                         case: str) -> None:
+NO_BACKEND = "the test's stand-in backend: nothing starts"
+
+
+def _apply_inputs(tmp_path: Path, toy: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path, dict, list]:
+    """The chain pipeline on real toy artifacts (with its synthetic profiles), a trace, the plan made for them as
+    JSON, and the calls to a stand-in ``create_backend`` that refuses: a plan without a defect gets that far."""
     import containers.backends
 
     created: list[object] = []
-    monkeypatch.setattr(containers.backends, "create_backend", lambda *a, **k: created.append(a))
-    pipeline_file = write_pipeline(tmp_path, CHAIN, {"pre": PRE, "cnn": CNN})
+
+    def create_backend(*args: object, **kwargs: object) -> None:
+        created.append(args)
+        raise ContainerError(NO_BACKEND)
+
+    monkeypatch.setattr(containers.backends, "create_backend", create_backend)
+    for name, table in (("pre", PRE), ("cnn", CNN)):
+        profile = read_profile(write_profile(tmp_path / "profiles" / name, table) / "profile.json")
+        rewrite_profile(shutil.copytree(toy, tmp_path / name), profile)
+    pipeline_file = tmp_path / "pipeline.toml"
+    pipeline_file.write_text(textwrap.dedent(CHAIN))
     trace = tmp_path / "trace.txt"
     write_trace(trace, gamma_trace(20, 1.0, 10, seed=1))
     plan = plan_pipeline(Estimator(read_pipeline(pipeline_file), gamma_trace(20, 1.0, 10, seed=1)))
-    raw = plan.to_json()
+    return pipeline_file, trace, plan.to_json(), created
+
+
+def _apply(plan_file: Path, trace: Path, out: Path, pipeline_file: Path, *options: str):
+    return CliRunner().invoke(app, ["plan", "apply", str(plan_file), "--trace", str(trace), "--out", str(out),
+                                    "--pipeline", str(pipeline_file), *options])
+
+
+def test_plan_apply_without_a_defect_gets_as_far_as_the_backend(tmp_path: Path, toy: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The refusals below come from their defects: the same inputs without one pass every check."""
+    pipeline_file, trace, raw, created = _apply_inputs(tmp_path, toy, monkeypatch)
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(raw))
+    result = _apply(plan_file, trace, tmp_path / "run", pipeline_file, "--tuner", "--standby", "1")
+    assert result.exit_code == 1 and NO_BACKEND in result.output, result.output
+    assert len(created) == 1 and not (tmp_path / "run" / "live.json").exists()
+
+
+@pytest.mark.parametrize("case", ["other pipeline", "unprofiled hardware", "not a plan", "not an artifact",
+                                  "more than the cores hold", "cores not ours", "negative standby",
+                                  "standby without the Tuner"])
+def test_plan_apply_refuses_bad_input_and_starts_nothing(tmp_path: Path, toy: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         case: str) -> None:
+    pipeline_file, trace, raw, created = _apply_inputs(tmp_path, toy, monkeypatch)
     if case == "other pipeline":
         raw["pipeline"] = "elsewhere"
     elif case == "unprofiled hardware":
         raw["stages"]["cnn"]["hardware"] = "cpu-4"
     elif case == "not a plan":
         raw = {"schema_version": 1}
+    elif case == "not an artifact":  # a folder holding only a profile: plannable, not servable
+        shutil.rmtree(tmp_path / "cnn")
+        write_profile(tmp_path / "cnn", CNN)
     elif case == "more than the cores hold":
         raw["stages"]["cnn"]["replicas"] = 4 * os.cpu_count()
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(json.dumps(raw))
-    cores = ["--cores", str(max(os.sched_getaffinity(0)) + 1)] if case == "cores not ours" else []
-    cores += ["--tuner", "--standby", "-1"] if case == "negative standby" else []
-    cores += ["--standby", "1"] if case == "standby without the Tuner" else []
-    result = CliRunner().invoke(app, ["plan", "apply", str(plan_file), "--trace", str(trace), "--out",
-                                      str(tmp_path / "run"), "--pipeline", str(pipeline_file), *cores])
+    options = ["--cores", str(max(os.sched_getaffinity(0)) + 1)] if case == "cores not ours" else []
+    options += ["--tuner", "--standby", "-1"] if case == "negative standby" else []
+    options += ["--standby", "1"] if case == "standby without the Tuner" else []
+    result = _apply(plan_file, trace, tmp_path / "run", pipeline_file, *options)
     assert result.exit_code == 2, result.output
-    says = {"more than the cores hold": "cores of quota", "cores not ours": "names cores this process may not use",
+    need = sum(s["replicas"] * float(s["hardware"].removeprefix("cpu-")) for s in raw.get("stages", {}).values())
+    says = {"other pipeline": "the plan is for pipeline 'elsewhere', not 'chain'",
+            "unprofiled hardware": "stage cnn has no profile for hardware cpu-4; profiled: cpu-0.5, cpu-1, cpu-2",
+            "not a plan": "plan.json is not a valid plan",
+            "not an artifact": f"{tmp_path / 'cnn'} is not an artifact: it has no manifest.json",
+            "more than the cores hold": f"the plan's replicas need {need:g} cores of quota",
+            "cores not ours": "names cores this process may not use",
             "negative standby": "standby replicas per planned replica must be a number of at least 0",
             "standby without the Tuner": "serve only the Tuner's scale-ups"}
-    assert says.get(case, "") in result.output
+    assert says[case] in " ".join(result.output.split()), result.output
     assert created == [] and not (tmp_path / "run" / "live.json").exists()
 
 
@@ -365,8 +410,6 @@ def test_a_two_stage_plan_served_on_docker_loses_nothing_and_tracks_its_predicti
                                                                                   tmp_path: Path) -> None:
     from containers.planner.live import apply_plan
     from containers.profiling import ContainerSize, merge_profile, profile_in_containers
-    from results.artifact import rewrite_profile
-    from results.profile import read_profile
 
     artifact = Path(shutil.copytree(tuned_run.artifact, tmp_path / "artifact"))
     entries = profile_in_containers(docker_backend, artifact, [ContainerSize(0.5, (0,))], [1], seconds=2.0,
@@ -388,7 +431,10 @@ def test_a_two_stage_plan_served_on_docker_loses_nothing_and_tracks_its_predicti
     measured, predicted = record["measured"], record["predicted"]
     per_query = record["queries"]["predicted_ms"]  # what pools runs: the same prediction, query by query
     assert len(per_query) == live.size and abs(np.percentile(per_query, 99) - predicted["p99_ms"]) < 0.01
-    # The body of the live distribution tracks the Estimator's. The tail of an 8 s run rests on its three slowest
-    # queries, and a half-core replica's CFS quota can hold one for half a period: its bound allows that.
-    assert predicted["p50_ms"] / 3 - 5 <= measured["p50_ms"] <= 3 * predicted["p50_ms"] + 5, (measured, predicted)
+    # The body of the live distribution tracks the Estimator's. Live, every query also takes two HTTP hops and the
+    # front end's dispatch, so measured p50s run above predicted (1.07x to 2.2x in six runs on a shared 2-core host,
+    # predicted 5-9 ms); below half the prediction the profile overstated the service time more than a core busy
+    # with something else while profiling explains. The tail of an 8 s run rests on its three slowest queries, and a
+    # half-core replica's CFS quota can hold one for half a period: its bound allows that.
+    assert predicted["p50_ms"] / 2 <= measured["p50_ms"] <= 3 * predicted["p50_ms"] + 5, (measured, predicted)
     assert measured["p99_ms"] <= 3 * predicted["p99_ms"] + PERIOD_US / 2e3 + 10, (measured, predicted)

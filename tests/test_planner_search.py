@@ -18,7 +18,7 @@ from containers.errors import PlanError
 from containers.planner.config import StageConfig, config_cost
 from containers.planner.deploy_plan import CorePlacement, plan_specs
 from containers.planner.estimator import Estimator
-from containers.planner.hardware import STANDBY_CPU_SHARE, standby_price
+from containers.planner.hardware import standby_price
 from containers.planner.live import shared_cores
 from containers.planner.pipeline import read_pipeline
 from containers.planner.plan import read_plan
@@ -192,9 +192,13 @@ def test_standby_replicas_cut_the_misses_of_a_spike_and_are_billed_at_their_memo
     cold, warm = (simulate_with_tuner(chain, plan, spike, standby=n) for n in (0, 1))
     assert warm.schedule == cold.schedule  # the Tuner reads arrivals, not latencies: the same asks
     assert warm.estimate.miss_rate < cold.estimate.miss_rate
-    held = sum(cfg.replicas * standby_price(cfg.hardware, plan.prices[name]) for name, cfg in plan.stages.items())
-    assert warm.cost - cold.cost == pytest.approx(held * float(spike[-1]) / 3600)
-    assert standby_price("cpu-1", 0.0425) == pytest.approx(0.0425 * STANDBY_CPU_SHARE)
+    # one replica per stage, so one standby each: pre and post on half a core ($0.02125/h), the CNN on two ($0.085/h);
+    # paused, each is billed the 18% of its price that its memory is: 0.18 x $0.1275/h = $0.02295/h held
+    assert {name: cfg.replicas for name, cfg in plan.stages.items()} == {"pre": 1, "cnn": 1, "post": 1}
+    assert sum(plan.prices.values()) == pytest.approx(0.1275)
+    assert warm.cost - cold.cost == pytest.approx(0.02295 * float(spike[-1]) / 3600)
+    assert standby_price("cpu-1", 0.0425) == pytest.approx(0.00765)
+    assert standby_price("cpu-0.5", 0.02125) == pytest.approx(0.003825)
     assert standby_price("gpu-NVIDIAH200", 13.52) == 13.52  # a paused GPU replica still holds its GPU
 
 
