@@ -65,10 +65,12 @@ def serve(
     threads: Annotated[int, typer.Option(help="TVM threads in the server")] = 1,
     backend: Annotated[str, typer.Option(help="docker, local (cgroups) or auto")] = "auto",
     interval: Annotated[float, typer.Option(help="the listener's initial interval, seconds")] = 10.0,
-    duration: Annotated[Optional[float], typer.Option(help="stop after this many seconds (default: Ctrl-C)")] = None,
+    duration: Annotated[Optional[float], typer.Option(help="stop after this many seconds (default: Ctrl-C or "
+                                                           "SIGTERM)")] = None,
     out: Annotated[Path, typer.Option(help="where status.json and the final record go")] = Path("runs/serve"),
 ) -> None:
     """Serve an artifact in a container whose CPU limit the QoE manager adjusts to --target-ms."""
+    from autotune.errors import UsageError
     from containers.errors import ContainerError
     from containers.qoe.analyst import check_target
     from containers.scenario import ContainerPlan, LoadSpec, Scenario
@@ -76,14 +78,17 @@ def serve(
     from results.errors import ArtifactError
 
     try:
+        if duration is not None and not duration > 0:
+            raise UsageError(f"--duration must be a positive number of seconds (leave it out to serve until Ctrl-C); "
+                             f"got {duration:g}")
         check_target(name, target_ms)
         path = open_artifact(artifact).path
-    except (ContainerError, ArtifactError) as err:
+    except (UsageError, ContainerError, ArtifactError) as err:
         _fail(err)
         return
     plan = ContainerPlan(name, path, target_ms, threads, load=LoadSpec("none"))
-    scenario = Scenario(f"serve-{name}", duration or math.inf, (plan,), backend=backend, base_port=port,
-                        interval_s=interval)
+    scenario = Scenario(f"serve-{name}", math.inf if duration is None else duration, (plan,), backend=backend,
+                        base_port=port, interval_s=interval)
     print(f"serving {path} at http://127.0.0.1:{port}/v1/infer (metrics at /metrics); Ctrl-C stops")
     _run(scenario, out, quiet=False)
 

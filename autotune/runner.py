@@ -27,6 +27,8 @@ def run_artifact(path: str | Path, input_files: Sequence[str | Path]) -> list[np
     for file in input_files:
         try:
             arrays.append(np.load(file, allow_pickle=False))
+        except EOFError:  # numpy's word for a file with no header at all
+            raise UsageError(f"cannot read input {file}: it is empty; expected a .npy file") from None
         except (OSError, ValueError) as err:
             raise UsageError(f"cannot read input {file}: {err}; expected a .npy file") from None
     try:

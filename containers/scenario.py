@@ -31,6 +31,7 @@ Every error names the file, the line and the field.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -176,14 +177,20 @@ class _Reader(TomlFile):
         if kind not in ("closed", "poisson", "gamma", "trace", "none"):
             self.fail(f"{where}kind", f"must be one of closed, poisson, gamma, trace, none; got {kind!r}", "containers", i,
                       "load")
-        if kind in ("poisson", "gamma") and not (isinstance(raw.get("rate_per_s"), (int, float)) and raw["rate_per_s"] > 0):
-            self.fail(f"{where}rate_per_s", f"must be a positive number for {kind} arrivals; got {raw.get('rate_per_s')!r}",
+        if kind in ("poisson", "gamma") and "rate_per_s" not in raw:
+            self.fail(f"{where}rate_per_s", f"must be a positive number for {kind} arrivals; it is missing",
                       "containers", i, "load")
         if kind == "trace" and not isinstance(raw.get("trace"), str):
             self.fail(f"{where}trace", "must name a trace file for trace arrivals", "containers", i, "load")
-        spec = LoadSpec(kind, int(raw.get("concurrency", 1)), float(raw.get("think_s", 0.0)), raw.get("rate_per_s"),
-                        float(raw.get("cv", 1.0)), self.path.parent / raw["trace"] if kind == "trace" else None)
-        if spec.concurrency < 1 or spec.think_s < 0 or spec.cv <= 0:
-            self.fail(where[:-1], "needs concurrency >= 1, think_s >= 0 and cv > 0", "containers", i, "load")
+
+        def number(key: str, of: type, default: Any, positive: bool = True) -> Any:
+            return self.value(raw, key, of, default, where, "containers", i, positive, line_key="load")
+
+        think_s = number("think_s", float, 0.0, positive=False)
+        if not 0 <= think_s < math.inf:
+            self.fail(f"{where}think_s", f"must be a finite number of seconds >= 0; got {raw['think_s']!r}",
+                      "containers", i, "load")
+        spec = LoadSpec(kind, number("concurrency", int, 1), think_s, number("rate_per_s", float, None),
+                        number("cv", float, 1.0), self.path.parent / raw["trace"] if kind == "trace" else None)
         spec.arrivals()  # a trace file is read and checked now, not when its container joins
         return spec

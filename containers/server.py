@@ -5,7 +5,8 @@ Endpoints (a contract the client and the QoE manager code against):
 - ``POST /v1/infer``: an ``application/x-npy``, ``application/x-npz`` or ``application/json``
   body (see ``containers.wire``); the reply uses the same family, with headers ``X-Model-Ms``
   (inference only) and ``X-Server-Ms`` (handler entry to reply ready, queueing included).
-  Errors are ``{"error": "one line"}``: 400 malformed body, 413 body too large, 415
+  Errors are ``{"error": "one line"}``: 400 malformed body, 413 body too large (a JSON body
+  has a much smaller limit than a binary one: parsed, it takes tens of times its size), 415
   unsupported Content-Type, 422 inputs that do not fit the model, 500 anything else.
 - ``GET /health``: ``{"status": "ok", "name", "model", "batch_sizes", "threads"}``.
 - ``GET /metrics``: Prometheus text (see ``ServerMetrics``).
@@ -15,7 +16,7 @@ while the event loop keeps answering health and metrics. One thread (not a pool)
 TVM's thread-local worker pool and any CUDA context on a single thread.
 
 Run it as ``python -m containers.server ARTIFACT --port N [--host H] [--threads T]
-[--max-body-bytes B] [--name NAME]``.
+[--max-body-bytes B] [--max-json-bytes J] [--name NAME]``.
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ if TYPE_CHECKING:
     from results.inference import ArtifactModel
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+# JSON bodies parsed at once: what waits holds only its body, not the tens of times more a parse takes.
+JSON_DECODES = 2
+JSON_ADVICE = f" for JSON; send large inputs in the binary format ({wire.NPY}, or {wire.NPZ} for several inputs)"
 # 0.1 ms to about 29 s in x1.5 steps: fine enough for a QoE manager to estimate means and
 # percentiles from bucket deltas at any latency a model server plausibly has.
 LATENCY_BUCKETS = tuple(float(f"{1e-4 * 1.5 ** k:.3g}") for k in range(32))
@@ -93,7 +97,7 @@ class ServerMetrics:
 
 
 def create_app(model: ArtifactModel, name: str, threads: int | None,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Starlette:
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_json_bytes: int | None = None) -> Starlette:
     """The server's ASGI app for ``model``.
 
     Args:
@@ -101,6 +105,8 @@ def create_app(model: ArtifactModel, name: str, threads: int | None,
         name: what ``/health`` calls this server.
         threads: the TVM thread count it runs with, reported by ``/health`` (None: TVM's default).
         max_body_bytes: the largest request body accepted, declared or streamed.
+        max_json_bytes: the largest JSON body accepted; None for ``wire.DEFAULT_MAX_JSON_BYTES`` (or
+            ``max_body_bytes`` when that is smaller).
     """
     from prometheus_client import CONTENT_TYPE_LATEST
     from starlette.applications import Starlette
@@ -111,6 +117,8 @@ def create_app(model: ArtifactModel, name: str, threads: int | None,
     metrics = ServerMetrics()
     worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
     dtypes = [spec["dtype"] for spec in model.inputs]
+    json_limit = min(max_json_bytes or wire.DEFAULT_MAX_JSON_BYTES, max_body_bytes)
+    json_slots = asyncio.Semaphore(JSON_DECODES)
 
     def decode(media: str, body: bytes) -> list[np.ndarray]:
         if media == wire.JSON:
@@ -130,12 +138,16 @@ def create_app(model: ArtifactModel, name: str, threads: int | None,
     async def infer(request: Request) -> Response:
         start = time.perf_counter()
         try:
-            body = await _read_body(request, max_body_bytes)
             media = wire.media_type(request.headers.get("content-type"))
             if media is None:
                 raise InferenceRejected(f"unsupported Content-Type {request.headers.get('content-type')!r}; "
                                         f"send one of {', '.join(wire.MEDIA_TYPES)}", 415)
-            arrays = await run_in_threadpool(decode, media, body)
+            if media == wire.JSON:  # parsed, it takes tens of times its size: a smaller limit, few parses at once
+                body = await _read_body(request, json_limit, "JSON body", JSON_ADVICE)
+                async with json_slots:
+                    arrays = await run_in_threadpool(decode, media, body)
+            else:
+                arrays = await run_in_threadpool(decode, media, await _read_body(request, max_body_bytes))
             items = model.check(arrays)
             outputs, model_s = await asyncio.get_running_loop().run_in_executor(worker, timed, arrays)
             reply_media, content = await run_in_threadpool(encode, media, outputs, model_s * 1e3)
@@ -165,23 +177,25 @@ def create_app(model: ArtifactModel, name: str, threads: int | None,
                              Route("/metrics", prometheus)], lifespan=lifespan)
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+async def _read_body(request: Request, limit: int, what: str = "body", advice: str = "") -> bytes:
     """The request body, refused with 413 as soon as it is known to pass ``limit`` bytes.
 
     The declared Content-Length is checked first; a chunked (or lying) body is counted as it
-    streams, so the server never holds more than ``limit`` bytes of it.
+    streams, so the server never holds more than ``limit`` bytes of it. The 413 line names the
+    body as ``what`` and ends with ``advice``.
     """
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.isdigit():
             raise InferenceRejected(f"Content-Length {declared!r} is not a byte count", 400)
         if int(declared) > limit:
-            raise InferenceRejected(f"body of {declared} bytes is over this server's {limit}-byte limit", 413)
+            raise InferenceRejected(f"{what} of {declared} bytes is over this server's {limit}-byte limit{advice}",
+                                    413)
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise InferenceRejected(f"body is over this server's {limit}-byte limit", 413)
+            raise InferenceRejected(f"{what} is over this server's {limit}-byte limit{advice}", 413)
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -204,11 +218,12 @@ def _failure(err: Exception) -> tuple[int, str]:
 
 
 def serve(model: ArtifactModel, name: str, port: int, host: str = "127.0.0.1", threads: int | None = None,
-          max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+          max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_json_bytes: int | None = None) -> None:
     """Serve ``model`` with uvicorn until interrupted (access log off: metrics count requests)."""
     import uvicorn
 
-    uvicorn.run(create_app(model, name, threads, max_body_bytes), host=host, port=port, access_log=False)
+    uvicorn.run(create_app(model, name, threads, max_body_bytes, max_json_bytes), host=host, port=port,
+                access_log=False)
 
 
 def _positive_int(text: str) -> int:
@@ -219,7 +234,12 @@ def _positive_int(text: str) -> int:
 
 
 def load_model(artifact: str | Path) -> ArtifactModel:
-    """The artifact (hashes checked), on a TVM loaded as a server needs it, warmed up."""
+    """The artifact (hashes checked, and the model and target it describes: ``ArtifactModel``), on a TVM
+    loaded as a server needs it, warmed up.
+
+    Raises:
+        ArtifactError: not an artifact, altered, or a manifest without what a server reads of it.
+    """
     from results.artifact import open_artifact
     from results.inference import ArtifactModel
 
@@ -257,6 +277,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--threads", type=_positive_int, help="TVM threads (sets TVM_NUM_THREADS before TVM loads)")
     parser.add_argument("--max-body-bytes", type=_positive_int, default=DEFAULT_MAX_BODY_BYTES)
+    parser.add_argument("--max-json-bytes", type=_positive_int,
+                        help=f"largest JSON body (default {wire.DEFAULT_MAX_JSON_BYTES}, at most --max-body-bytes)")
     parser.add_argument("--name", help="name reported by /health (default: the model spec)")
     args = parser.parse_args(argv)
     if args.threads is not None:
@@ -268,7 +290,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     name = args.name or str(model.artifact.manifest["model"].get("spec", model.artifact.path.name))
-    serve(model, name, args.port, args.host, int(env_threads) if env_threads.isdigit() else None, args.max_body_bytes)
+    serve(model, name, args.port, args.host, int(env_threads) if env_threads.isdigit() else None, args.max_body_bytes,
+          args.max_json_bytes)
     return 0
 
 

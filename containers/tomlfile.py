@@ -41,6 +41,10 @@ class TomlFile:
             text = path.read_text(encoding="utf-8")
         except OSError as err:
             raise ScenarioError(f"cannot read {what} {path}: {err.strerror}") from None
+        except UnicodeDecodeError as err:
+            line = err.object[:err.start].count(b"\n") + 1
+            raise ScenarioError(f"{path}, line {line}: not UTF-8 text (byte {err.object[err.start]:#04x}); "
+                                f"a {what} file must be UTF-8 TOML") from None
         try:
             raw = tomllib.loads(text)
         except tomllib.TOMLDecodeError as err:
@@ -70,20 +74,26 @@ class TomlFile:
         return header
 
     def value(self, raw: Mapping[str, Any], key: str, kind: type, default: Any, where: str,
-              table: str | None = None, index: int = 0, positive: bool = False) -> Any:
-        """``raw[key]`` checked for type, sign and choices; ``default`` when absent (``...`` = required)."""
+              table: str | None = None, index: int = 0, positive: bool = False, line_key: str | None = None) -> Any:
+        """``raw[key]`` checked for type, sign and choices; ``default`` when absent (``...`` = required).
+
+        ``line_key``: the key whose line an error points at, when ``raw`` is an inline table on it.
+        """
+        line_key = line_key or key
         if key not in raw:
             if default is ...:
-                self.fail(f"{where}{key}", "is missing", table, index, key)
+                self.fail(f"{where}{key}", "is missing", table, index, line_key)
             return default
         value = raw[key]
         numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
         ok = {str: isinstance(value, str), int: numeric and isinstance(value, int), float: numeric}[kind]
         if not ok or (positive and not value > 0):
-            expected = "a positive number" if positive else {str: "a string", int: "an integer", float: "a number"}[kind]
-            self.fail(f"{where}{key}", f"must be {expected}; got {value!r}", table, index, key)
+            kinds = {str: "a string", int: "an integer", float: "a number"}
+            expected = f"a positive {'integer' if kind is int else 'number'}" if positive else kinds[kind]
+            self.fail(f"{where}{key}", f"must be {expected}; got {value!r}", table, index, line_key)
         if key in self.choices and value not in self.choices[key]:
-            self.fail(f"{where}{key}", f"must be one of {', '.join(self.choices[key])}; got {value!r}", table, index, key)
+            self.fail(f"{where}{key}", f"must be one of {', '.join(self.choices[key])}; got {value!r}", table, index,
+                      line_key)
         return float(value) if kind is float else value
 
     def unknown(self, raw: Mapping[str, Any], allowed: set[str], where: str, table: str | None, index: int = 0,

@@ -6,13 +6,16 @@ Binary bodies are ``application/x-npy`` (one array) or ``application/x-npz`` (ar
 are ``{"inputs": [...]}`` requests and ``{"outputs": [...], "model_ms": ...}`` replies.
 
 Decoding never unpickles and checks every npy header against the bytes that follow it, so
-a body cannot make the server allocate more than it sent.
+a body cannot make the server allocate more than it sent. JSON is the exception: parsed into
+Python lists, a body takes up to about 35 times its size, so servers keep a much smaller
+limit for it (``DEFAULT_MAX_JSON_BYTES``) and large inputs travel as npy or npz.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import lzma
 import math
 import re
 import zipfile
@@ -26,6 +29,9 @@ NPY = "application/x-npy"
 NPZ = "application/x-npz"
 JSON = "application/json"
 MEDIA_TYPES = (NPY, NPZ, JSON)
+# A JSON request of a batch of two 224x224 RGB images (3.1 MB each as float32 text) fits; its
+# parse peaks at about 2.6x the body, a hostile one of empty lists at about 35x.
+DEFAULT_MAX_JSON_BYTES = 8 * 1024 * 1024
 
 _NPZ_MEMBER = re.compile(r"arr_(\d+)\.npy")
 
@@ -71,7 +77,10 @@ def decode_arrays(media: str, body: bytes, max_bytes: int | None = None) -> list
                 raise BadPayload(f"npz body must hold arrays named arr_0, arr_1... in input order; "
                                  f"got {sorted(m.filename.removesuffix('.npy') for m in members)}")
             return [_read_npy(archive.read(f"arr_{i}.npy")) for i in indices]
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, NotImplementedError, OSError, EOFError) as err:
+    except RuntimeError as err:  # an encrypted member, which needs a password
+        raise BadPayload(f"npz body cannot be read: {err}; send an unencrypted npz") from None
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, lzma.LZMAError, NotImplementedError, OSError,
+            EOFError) as err:
         raise BadPayload(f"body is not a valid npz archive: {err}") from None
 
 
@@ -85,6 +94,8 @@ def decode_json_inputs(body: bytes, dtypes: list[str]) -> list[np.ndarray]:
         document = json.loads(body)
     except (UnicodeDecodeError, ValueError) as err:
         raise BadPayload(f"body is not valid JSON: {err}") from None
+    except RecursionError:
+        raise BadPayload("JSON body is nested too deeply to be an array of inputs") from None
     inputs = document.get("inputs") if isinstance(document, dict) else None
     if not isinstance(inputs, list):
         raise BadPayload('JSON body must be {"inputs": [one nested list per model input]}')
@@ -92,6 +103,8 @@ def decode_json_inputs(body: bytes, dtypes: list[str]) -> list[np.ndarray]:
         return [np.asarray(value, dtype=dtypes[i] if i < len(dtypes) else None) for i, value in enumerate(inputs)]
     except (TypeError, ValueError, OverflowError) as err:
         raise BadPayload(f"JSON inputs are not rectangular numeric arrays: {err}") from None
+    except RecursionError:
+        raise BadPayload("JSON inputs are nested too deeply to be arrays") from None
 
 
 def encode_json_outputs(outputs: list[np.ndarray], model_ms: float) -> bytes:
@@ -113,9 +126,16 @@ def _read_npy(data: bytes) -> np.ndarray:
         raise BadPayload(f"body is not a valid npy array: {err}") from None
     if dtype.hasobject:
         raise BadPayload(f"npy array has dtype {dtype}, which needs pickle; send plain numeric arrays")
+    if dtype.itemsize == 0:
+        raise BadPayload(f"npy array has dtype {dtype} of zero bytes per item; send plain numeric arrays")
+    if any(d < 0 for d in shape):
+        raise BadPayload(f"npy header declares shape {list(shape)}; dimensions must not be negative")
     count = math.prod(shape)
     if len(data) - stream.tell() != count * dtype.itemsize:
         raise BadPayload(f"npy header declares shape {list(shape)} {dtype} ({count * dtype.itemsize} bytes) "
                          f"but {len(data) - stream.tell()} bytes follow it")
-    array = np.frombuffer(data, dtype=dtype, count=count, offset=stream.tell())
-    return array.reshape(shape, order="F" if fortran_order else "C")
+    try:
+        array = np.frombuffer(data, dtype=dtype, count=count, offset=stream.tell())
+        return array.reshape(shape, order="F" if fortran_order else "C")
+    except ValueError as err:  # a shape NumPy cannot make: too many dimensions, too large a size
+        raise BadPayload(f"npy header declares shape {list(shape)} {dtype}, not a usable array: {err}") from None

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from results.artifact import Artifact
+from results.artifact import MANIFEST, Artifact
 from results.errors import ArtifactError, InputMismatch
 
 
@@ -27,6 +27,8 @@ class ArtifactModel:
     """
 
     def __init__(self, artifact: Artifact) -> None:
+        """Raises ``ArtifactError`` where the manifest does not describe the model's inputs and target."""
+        _check_model_manifest(artifact.path / MANIFEST, artifact.manifest)
         self.artifact = artifact
         self.inputs: list[dict[str, Any]] = artifact.manifest["model"]["inputs"]
         self.batch_sizes = artifact.batch_sizes
@@ -103,3 +105,28 @@ class ArtifactModel:
                 raise ArtifactError(f"cannot start the batch-{batch} library of {self.artifact.path} "
                                     f"on {device}: {reason}") from None
         return self._vms[batch], device
+
+
+def _check_model_manifest(where: Path, manifest: dict[str, Any]) -> None:
+    """The manifest's ``model`` inputs and ``target`` kind, which running the model reads."""
+    model, target = manifest.get("model"), manifest.get("target")
+    inputs = model.get("inputs") if isinstance(model, dict) else None
+    if not isinstance(inputs, list) or not inputs or not all(_is_input(item) for item in inputs):
+        raise ArtifactError(f"{where} has no 'model' object whose 'inputs' list each input's 'shape' "
+                            f"([batch, positive sizes...]) and numeric 'dtype'; expected one describing the model")
+    if not isinstance(target, dict) or not isinstance(target.get("kind"), str):
+        raise ArtifactError(f"{where} has no 'target' object with a 'kind' string; expected one naming the target "
+                            f"the libraries were compiled for (llvm, cuda)")
+
+
+def _is_input(item: Any) -> bool:
+    """One ``model.inputs`` entry: ``{"shape": [batch, d1...], "dtype": ...}``."""
+    if not isinstance(item, dict) or not isinstance(item.get("dtype"), str):
+        return False
+    shape = item.get("shape")
+    if not isinstance(shape, list) or not shape or not all(type(d) is int and d >= 1 for d in shape):
+        return False
+    try:
+        return np.dtype(item["dtype"]).kind in "biufc"
+    except (TypeError, ValueError):
+        return False

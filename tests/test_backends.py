@@ -7,13 +7,20 @@ asked would pass a test that reads its own answers back.
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shutil
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
@@ -22,12 +29,13 @@ import requests
 
 from containers import wire
 from containers.backends import create_backend
-from containers.backends.base import ContainerBackend, ContainerSpec
+from containers.backends.base import ContainerBackend, ContainerSpec, wait_healthy
 from containers.backends.local import LocalBackend
 from containers.errors import BackendUnavailable, ContainerError, ScenarioError, UnknownContainer
 from tests.fakes import SimulatedHost, spec
 
 LOAD_S = 2.0
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _spec(artifact: Path, **limits: object) -> ContainerSpec:
@@ -36,6 +44,31 @@ def _spec(artifact: Path, **limits: object) -> ContainerSpec:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     return ContainerSpec(name=f"test-{uuid.uuid4().hex[:8]}", artifact=Path(artifact), port=port, **limits)
+
+
+@contextmanager
+def _other_server(body: bytes) -> Iterator[int]:
+    """Something else answering ``GET /health`` with 200 and ``body`` on a port of its own; yields the port."""
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
 
 
 def _usage_under_load(backend: ContainerBackend, spec: ContainerSpec) -> float:
@@ -222,6 +255,50 @@ def test_docker_unknown_names_and_auto_kind(docker_backend, docker_engine):
     assert create_backend("auto").kind == "docker"
 
 
+@pytest.mark.docker
+def test_docker_servers_run_as_the_invoking_user_without_privileges(docker_backend, docker_engine, tuned_run,
+                                                                   tmp_path):
+    from containers.backends.docker import DockerBackend
+
+    def inspected(backend: ContainerBackend, spec: ContainerSpec) -> tuple[str, list[str], list[str], dict[str, str]]:
+        container = docker_engine.containers.get(backend.info(spec.name).ident)
+        status = Path(f"/proc/{container.attrs['State']['Pid']}/status").read_text()
+        fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+        host = container.attrs["HostConfig"]
+        return container.attrs["Config"]["User"], host["CapDrop"], host["SecurityOpt"], fields
+
+    spec = _spec(tuned_run.artifact)
+    docker_backend.start(spec)
+    user, dropped, options, proc = inspected(docker_backend, spec)
+    assert user == f"{os.getuid()}:{os.getgid()}" and proc["Uid"].split()[0] == str(os.getuid())
+    assert dropped == ["ALL"] and int(proc["CapEff"], 16) == 0
+    assert "no-new-privileges" in options and proc["NoNewPrivs"].strip() == "1"
+    if os.getuid() != 0:
+        return
+    # another user's artifact, readable by its owner only (as older artifacts were written), served as that user
+    theirs = shutil.copytree(tuned_run.artifact, tmp_path / "theirs")
+    for path in [theirs, *theirs.rglob("*")]:
+        os.chown(path, 4321, 4321)
+        path.chmod(0o700 if path.is_dir() else 0o600)
+    backend = DockerBackend(docker_engine, user="4321:4321")
+    other = _spec(theirs)
+    try:
+        assert backend.start(other).running
+        assert requests.get(f"{other.url}/health", timeout=5).json()["name"] == other.name
+        assert inspected(backend, other)[3]["Uid"].split()[0] == "4321"
+    finally:
+        backend.close()
+
+
+@pytest.mark.docker
+def test_docker_a_start_on_a_port_another_server_holds_is_refused(docker_backend, tmp_path):
+    with _other_server(b'{"status": "ok", "name": "someone-else"}') as port:
+        spec = ContainerSpec(name=f"test-{uuid.uuid4().hex[:8]}", artifact=tmp_path, port=port)
+        with pytest.raises(ContainerError, match=f"^port {port} on 127.0.0.1 is already in use; container {spec.name}"):
+            docker_backend.start(spec)
+    assert spec.name not in [info.spec.name for info in docker_backend.list()]
+
+
 def test_unreachable_engine_is_backend_unavailable_quickly(tmp_path):
     import docker
 
@@ -270,6 +347,35 @@ def test_bad_names_limits_and_kinds_are_one_line_errors(tmp_path):
         create_backend("podman")
     assert create_backend(backend) is backend
     assert backend.list() == []
+
+
+def test_a_start_on_a_port_another_server_holds_is_refused(tmp_path):
+    backend = LocalBackend(tmp_path / "no-cgroups", log_dir=tmp_path)
+    with _other_server(b'{"status": "ok", "name": "someone-else"}') as port:
+        spec = ContainerSpec(name="late", artifact=tmp_path, port=port)
+        with pytest.raises(ContainerError, match=f"^port {port} on 127.0.0.1 is already in use; container late "
+                                                 f"cannot serve there[^\n]*$"):
+            backend.start(spec)
+    assert backend.list() == [] and not (tmp_path / "late.log").exists()  # refused before anything started
+
+
+@pytest.mark.parametrize("body, says", [(b'{"status": "ok", "name": "someone-else"}', "as server 'someone-else'"),
+                                        (b"<html>hello</html>", "as something else")])
+def test_a_health_answer_counts_only_with_the_containers_own_name(tmp_path, body, says):
+    with _other_server(body) as port:
+        started = time.monotonic()
+        with pytest.raises(ContainerError, match=f"port {port} on 127.0.0.1 answers /health {says}, not as container "
+                                                 f"mine: another server holds the port$"):
+            wait_healthy(ContainerSpec(name="mine", artifact=tmp_path, port=port), timeout_s=30)
+        assert time.monotonic() - started < 5  # at once, not after the timeout
+    with _other_server(b'{"status": "ok", "name": "mine"}') as port:
+        wait_healthy(ContainerSpec(name="mine", artifact=tmp_path, port=port), timeout_s=30)
+
+
+def test_the_dockerfile_publishes_the_server_on_loopback_only():
+    runs = [line for line in (ROOT / "Dockerfile").read_text().splitlines() if "docker run" in line]
+    published = [found for line in runs for found in re.findall(r"(?:-p|--publish)[ =](\S+)", line)]
+    assert published and all(p.startswith("127.0.0.1:") for p in published), published
 
 
 def test_close_stops_every_container_when_some_do_not_stop():
@@ -352,6 +458,49 @@ def test_local_bad_artifact_fails_with_the_server_log(tmp_path):
     with pytest.raises(ContainerError, match="exited before .* its log ends: .*not an artifact"):
         backend.start(_spec(tmp_path))
     assert backend.list() == []
+
+
+def test_local_servers_are_stopped_when_autotune_serve_gets_sigterm(tuned_run, tmp_path):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    name = f"sigterm-{uuid.uuid4().hex[:8]}"
+    command = [sys.executable, "-c", "from autotune.cli import main; main()", "serve", str(tuned_run.artifact),
+               "--target-ms", "50", "--backend", "local", "--port", str(port), "--name", name, "--out",
+               str(tmp_path / "serve")]
+    log = tmp_path / "serve.log"
+    with open(log, "w") as out:
+        cli = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                               env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert cli.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, f"the server did not answer in 60 s:\n{log.read_text()}"
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/health", timeout=1).json()["name"] == name:
+                    break
+            except requests.RequestException:
+                time.sleep(0.2)
+        cli.send_signal(signal.SIGTERM)
+        assert cli.wait(timeout=30) == 0, log.read_text()
+        with pytest.raises(requests.ConnectionError):  # the server went with it, and its port is free
+            requests.get(f"http://127.0.0.1:{port}/health", timeout=1)
+        assert "interrupted: stopping the containers" in log.read_text()
+        assert json.loads((tmp_path / "serve" / "qoe.json").read_text())["scenario"]["name"] == f"serve-{name}"
+    finally:
+        cli.kill()
+        cli.wait()
+        _kill_listener(port)
+
+
+def _kill_listener(port: int) -> None:
+    """Kill whatever process still listens on ``port`` (a server its CLI left behind), by its pid."""
+    import psutil
+
+    for conn in psutil.net_connections("tcp"):
+        if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
+            os.kill(conn.pid, signal.SIGKILL)
 
 
 def _thread_cores(pid: int) -> set[tuple[int, ...]]:

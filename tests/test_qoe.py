@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import re
+import signal
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import requests
+from typer.testing import CliRunner
 
 from containers.errors import ScenarioError, UnknownContainer
 from containers.qoe.algorithm import (Classification, DQoES, NoLimits, QoeClass, Reading, StaticEqual, classify,
                                       create_policy)
+from containers.qoe.control import ControlServer, change_target, write_status
 from containers.qoe.listener import AdaptiveListener, FixedListener, create_listener
 from containers.qoe.manager import QoeManager
 from containers.qoe.monitors import ApplicationMonitor, HistogramSnapshot
@@ -225,3 +232,54 @@ def test_a_container_that_stops_between_reading_and_resizing_is_left_to_the_rest
     assert m.executor.apply({"c": 0.9}) == 0 and m.executor.limit("c") == before
     m.step()
     assert host.containers["c"].running and host.containers["c"].spec.cpus == before
+
+
+@pytest.mark.parametrize("name", ["a/b", "..", "a b", "x?y=1", "%2F", "é"])
+def test_a_target_for_a_name_the_manager_does_not_know_is_a_one_line_error(tmp_path: Path, name: str) -> None:
+    m, _ = _manager(DQoES())
+    control = ControlServer(m.analyst, m.status, m.wake.set).start()
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # a run writes its status once its API answers
+            try:
+                requests.get(f"{control.url}/status", timeout=1)
+                break
+            except requests.ConnectionError:
+                time.sleep(0.05)
+        write_status(tmp_path, {"pid": os.getpid(), "control_url": control.url})
+        with pytest.raises(UnknownContainer, match=f"^no container named {re.escape(repr(name))}"):
+            change_target(tmp_path, name, 5.0)
+        with pytest.raises(UnknownContainer, match=f"^no container named {re.escape(repr(name))}"):
+            change_target(tmp_path, name, None)
+        assert change_target(tmp_path, "a", 7.5) == {"container": "a", "target_ms": 7.5}
+    finally:
+        control.stop()
+
+
+def test_sigterm_ends_a_run_as_ctrl_c_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("containers.qoe.timeline.plot_timeline", lambda record, path: None)
+    received: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))  # a run that ignored
+    try:                                                                                     # it would go on
+        plans = tuple(ContainerPlan(n, tmp_path, 50.0, load=LoadSpec("none")) for n in "ab")
+        host = SimulatedHost(2.0, {"a": 20.0, "b": 20.0})
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        started = time.monotonic()
+        record = run_scenario(Scenario("term", 8.0, plans, interval_s=1.0), tmp_path / "run", backend=host)
+        assert time.monotonic() - started < 4 and received == []
+        assert set(record["joined_at"]) == {"a", "b"} and host.containers == {}  # joined, then stopped
+        assert (tmp_path / "run" / "qoe.json").is_file()
+        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN  # the handler it had is back
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert received == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.mark.parametrize("duration", ["0", "-5", "nan"])
+def test_serve_refuses_a_duration_that_is_not_positive(tmp_path: Path, duration: str) -> None:
+    from autotune.cli import app
+
+    result = CliRunner().invoke(app, ["serve", str(tmp_path), "--target-ms", "5", "--duration", duration])
+    assert result.exit_code == 2, result.output
+    assert "--duration must be a positive number of seconds" in result.output

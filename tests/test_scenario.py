@@ -74,6 +74,12 @@ def test_a_good_scenario_reads_with_defaults(tmp_path: Path) -> None:
     ('cv = 2 }', 'cv = 2, rate = 3 }', r"line 18: containers\[1\].load.rate is not a known field"),
     ('rate_per_s = 20, ', '', r"line 18: containers\[1\].load.rate_per_s must be a positive number for gamma"),
     ('name = "mixed"', 'name = "mixed', r"not valid TOML"),
+    ('cv = 2 }', 'cv = 2, concurrency = "many" }',
+     r"line 18: containers\[1\].load.concurrency must be a positive integer; got 'many'$"),
+    ('cv = 2 }', 'cv = 2, think_s = [1] }', r"line 18: containers\[1\].load.think_s must be a number; got \[1\]$"),
+    ('cv = 2 }', 'cv = 2, think_s = -0.5 }', r"line 18: containers\[1\].load.think_s must be a finite number"),
+    ('cv = 2 }', 'cv = "high" }', r"line 18: containers\[1\].load.cv must be a positive number; got 'high'$"),
+    ('rate_per_s = 20', 'rate_per_s = "20"', r"line 18: containers\[1\].load.rate_per_s must be a positive number"),
 ])
 def test_scenario_errors_name_the_line_and_field(tmp_path: Path, old: str, new: str, message: str) -> None:
     body = textwrap.dedent(GOOD)
@@ -87,6 +93,14 @@ def test_a_scenario_without_containers_or_file_is_refused(tmp_path: Path) -> Non
         read_scenario(_write(tmp_path, 'duration_s = 5\n'))
     with pytest.raises(ScenarioError, match="cannot read scenario"):
         read_scenario(tmp_path / "missing.toml")
+
+
+def test_a_scenario_that_is_not_utf8_is_refused_with_its_line(tmp_path: Path) -> None:
+    path = _write(tmp_path, GOOD)
+    path.write_bytes(path.read_bytes().replace(b'name = "b"', b'name = "b\xe9"'))
+    with pytest.raises(ScenarioError, match=r"scenario.toml, line 15: not UTF-8 text \(byte 0xe9\); a scenario file "
+                                            r"must be UTF-8 TOML$"):
+        read_scenario(path)
 
 
 def test_trace_files_are_checked_line_by_line(tmp_path: Path) -> None:

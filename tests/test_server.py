@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import threading
 import time
+import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -22,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from autotune.errors import UsageError
 from autotune.runner import run_artifact
+from containers import wire
 from containers.client import InferenceClient
 from containers.errors import ContainerError, InferenceRejected
 from results.artifact import ArtifactWriter, library_name, open_artifact
@@ -108,6 +113,33 @@ def npz(**arrays: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     return buffer.getvalue()
+
+
+def npy_header(descr: str, shape: tuple[int, ...], data: bytes = b"") -> bytes:
+    """An npy 1.0 body with a header as written (``np.save`` would refuse these), then ``data``."""
+    header = repr({"descr": descr, "fortran_order": False, "shape": shape}).encode()
+    header += b" " * (63 - (10 + len(header)) % 64) + b"\n"
+    return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + data
+
+
+def encrypted_npz(array: np.ndarray) -> bytes:
+    """An npz whose member is flagged as encrypted (``zipfile`` cannot write one, nor read it without a password)."""
+    raw = bytearray(npz(arr_0=array))
+    raw[raw.find(b"PK\x03\x04") + 6] |= 1  # local header's flags
+    raw[raw.find(b"PK\x01\x02") + 8] |= 1  # central directory's flags
+    return bytes(raw)
+
+
+def corrupt_lzma_npz(array: np.ndarray) -> bytes:
+    """An LZMA-compressed npz whose compressed stream is damaged."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_LZMA) as archive:
+        archive.writestr("arr_0.npy", npy(array))
+    raw = bytearray(buffer.getvalue())
+    name, extra = struct.unpack("<HH", raw[26:30])
+    start = 30 + name + extra
+    raw[start + 4:start + 10] = b"\xa5" * 6
+    return bytes(raw)
 
 
 def metric(text: str, sample: str, **labels: str) -> float:
@@ -271,6 +303,12 @@ def _chunked(size: int) -> Iterator[bytes]:
     ("application/x-npy", b"\0" * (BODY_LIMIT + 1), 413, "over this server's"),
     ("application/x-npy", _chunked(2 * BODY_LIMIT), 413, "over this server's"),
     ("text/csv", b"1,2,3", 415, "unsupported Content-Type 'text/csv'"),
+    ("application/x-npy", npy_header("<f4", (-1, -1), b"\0" * 4), 400, "dimensions must not be negative"),
+    ("application/x-npy", npy_header("|V0", (5,)), 400, "zero bytes per item"),
+    ("application/x-npy", npy_header("<f4", (1,) * 70, b"\0" * 4), 400, "not a usable array"),
+    ("application/json", b'{"inputs": [' + b"[" * 5000 + b"]" * 5000 + b"]}", 400, "nested too deeply"),
+    ("application/x-npz", encrypted_npz(rows(1)), 400, "is encrypted"),
+    ("application/x-npz", corrupt_lzma_npz(rows(1)), 400, "not a valid npz archive"),
 ])
 def test_bad_requests_get_one_line_and_the_server_keeps_serving(mlp_url, content_type, body, status, phrase):
     refused = requests.post(mlp_url + "/v1/infer", data=body, headers={"Content-Type": content_type}, timeout=10)
@@ -278,6 +316,55 @@ def test_bad_requests_get_one_line_and_the_server_keeps_serving(mlp_url, content
     assert phrase in refused.json()["error"] and "\n" not in refused.json()["error"]
     ok = requests.post(mlp_url + "/v1/infer", data=npy(rows(1)), headers={"Content-Type": "application/x-npy"}, timeout=10)
     assert ok.status_code == 200 and np.load(io.BytesIO(ok.content), allow_pickle=False).shape == (1, 10)
+
+
+@contextmanager
+def app_server(app: Any) -> Iterator[str]:
+    """An ASGI app served by uvicorn in a thread of this process; yields its URL once it has started."""
+    import uvicorn
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def test_json_bodies_have_a_much_smaller_limit_than_binary_ones(toy_artifact):
+    from autotune.models.zoo import ZOO
+    from containers.server import DEFAULT_MAX_BODY_BYTES, create_app
+
+    limit = wire.DEFAULT_MAX_JSON_BYTES
+    assert limit <= DEFAULT_MAX_BODY_BYTES // 8
+    rng = np.random.default_rng(0)
+    for name, entry in ZOO.items():  # a JSON request of one item of every model here still fits
+        item = rng.standard_normal(entry.input_shape).astype("float32")
+        assert len(json.dumps({"inputs": [item.tolist()]})) < limit / 2, name
+    hostile = b'{"inputs": [[' + b"[]," * (limit // 3) + b"[]]]}"  # ~35x its size once parsed
+    with app_server(create_app(ArtifactModel(open_artifact(toy_artifact)), "toy", None)) as url:
+        for body in (hostile, iter([hostile[:limit // 2], hostile[limit // 2:]])):  # declared, then streamed
+            refused = requests.post(url + "/v1/infer", data=body, headers={"Content-Type": "application/json"},
+                                    timeout=30)
+            assert refused.status_code == 413, refused.text
+            assert refused.json()["error"].endswith(f"over this server's {limit}-byte limit for JSON; send large "
+                                                    f"inputs in the binary format (application/x-npy, or "
+                                                    f"application/x-npz for several inputs)")
+        wide = np.zeros((limit // 40 + 1, 5), dtype="float32")
+        big = npz(arr_0=wide, arr_1=wide)  # past the JSON limit, decoded all the same
+        assert len(big) > limit
+        mismatch = requests.post(url + "/v1/infer", data=big, headers={"Content-Type": "application/x-npz"}, timeout=30)
+        assert mismatch.status_code == 422 and "input 0 (x) has shape" in mismatch.json()["error"]
+        x, y = toy_inputs(2)
+        small = requests.post(url + "/v1/infer", json={"inputs": [x.tolist(), y.tolist()]}, timeout=10)
+        assert small.status_code == 200, small.text
 
 
 def test_client_raises_the_server_error_line(mlp_url):
@@ -299,28 +386,15 @@ class FailingModel(ArtifactModel):
 
 
 def test_unexpected_failure_is_a_500_line_and_the_app_keeps_serving(toy_artifact):
-    import uvicorn
-
     from containers.server import create_app
 
     app = create_app(FailingModel(open_artifact(toy_artifact)), "failing", None, BODY_LIMIT)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            time.sleep(0.05)
-        client = InferenceClient(f"http://127.0.0.1:{port}", timeout_s=10)
+    with app_server(app) as url:
+        client = InferenceClient(url, timeout_s=10)
         with pytest.raises(InferenceRejected, match="500: inference failed: RuntimeError: device lost$"):
             client.infer(list(toy_inputs(2)))
         assert client.health()["name"] == "failing"
         assert metric(client.metrics_text(), "autotune_requests_total", outcome="server_error") == 1
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 @pytest.mark.parametrize("damage", ["missing", "tampered"])
@@ -334,3 +408,31 @@ def test_bad_artifact_exits_2_with_one_line(tuned_run, tmp_path, damage):
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
     assert ("has no manifest.json" if damage == "missing" else "refusing to load it") in proc.stderr
+
+
+@pytest.mark.parametrize("damage, says", [
+    (lambda m: m.pop("model"), "has no 'model' object"),
+    (lambda m: m.pop("target"), "has no 'target' object"),
+    (lambda m: m["model"].update(inputs="x"), "has no 'model' object"),
+    (lambda m: m["model"]["inputs"][0].update(shape=[2, -3]), "has no 'model' object"),
+    (lambda m: m["model"]["inputs"][1].update(dtype="object"), "has no 'model' object"),
+    (lambda m: m["target"].pop("kind"), "has no 'target' object"),
+])
+def test_a_manifest_without_what_the_server_reads_exits_2_with_one_line(toy_artifact, tmp_path, damage, says):
+    artifact = shutil.copytree(toy_artifact, tmp_path / "artifact")
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    damage(manifest)
+    (artifact / "manifest.json").write_text(json.dumps(manifest))  # the manifest is not among the hashed files
+    open_artifact(artifact)  # what open_artifact checks still holds
+    proc = subprocess.run([sys.executable, "-m", "containers.server", str(artifact), "--port", "1"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert says in proc.stderr
+
+
+def test_run_artifact_refuses_an_empty_input_file_with_one_line(toy_artifact, tmp_path):
+    (tmp_path / "empty.npy").write_bytes(b"")
+    np.save(tmp_path / "y.npy", toy_inputs(2)[1])
+    with pytest.raises(UsageError, match=f"^cannot read input {tmp_path / 'empty.npy'}: it is empty; expected a .npy"):
+        run_artifact(toy_artifact, [tmp_path / "empty.npy", tmp_path / "y.npy"])

@@ -14,13 +14,19 @@ its own quota allows it on a shared core.
 
 from __future__ import annotations
 
+import errno
+import socket
 import time
 from collections.abc import Callable, Iterable
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from containers.errors import ContainerError
+
+if TYPE_CHECKING:
+    from requests import Response
 
 HOST = "127.0.0.1"
 
@@ -143,8 +149,32 @@ class ContainerBackend(ABC):
         raise UnknownContainer(f"no container named {name!r}; running: {', '.join(i.spec.name for i in self.list()) or 'none'}")
 
 
+def check_port_free(spec: ContainerSpec) -> None:
+    """Refuse a start on a port something already holds.
+
+    Its server could not bind the port, and whatever answers there would be taken for it.
+    The probe binds as the server does (``SO_REUSEADDR``), so a stopped server's lingering
+    connections do not count.
+
+    Raises:
+        ContainerError: naming the port and the container.
+    """
+    family = socket.AF_INET6 if ":" in spec.host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((spec.host, spec.port))
+        except OSError as err:
+            if err.errno == errno.EADDRINUSE:
+                raise ContainerError(f"port {spec.port} on {spec.host} is already in use; container {spec.name} cannot "
+                                     f"serve there (stop what holds it or give the container another port)") from None
+            raise ContainerError(f"container {spec.name} cannot bind port {spec.port} on {spec.host}: "
+                                 f"{err.strerror or err}") from None
+
+
 def wait_healthy(spec: ContainerSpec, timeout_s: float, alive: Callable[[], bool] | None = None) -> None:
-    """Poll the server's ``/health`` until it answers 200; raise ``ContainerError`` after ``timeout_s``.
+    """Poll the server's ``/health`` until it answers 200 with this container's name; raise ``ContainerError``
+    after ``timeout_s``, or at once when another server answers on the port.
 
     ``alive`` (when given) is asked between polls so a server that died is reported at once.
     """
@@ -158,9 +188,24 @@ def wait_healthy(spec: ContainerSpec, timeout_s: float, alive: Callable[[], bool
         try:
             reply = requests.get(f"{spec.url}/health", timeout=2)
             if reply.status_code == 200:
-                return
+                answered = _health_name(reply)
+                if answered == spec.name:
+                    return
+                raise ContainerError(f"port {spec.port} on {spec.host} answers /health as "
+                                     f"{'server ' + repr(answered) if answered else 'something else'}, not as "
+                                     f"container {spec.name}: another server holds the port")
             last = f"HTTP {reply.status_code}"
         except requests.RequestException as err:
             last = type(err).__name__
         time.sleep(0.2)
     raise ContainerError(f"container {spec.name} did not answer {spec.url}/health within {timeout_s:.0f} s ({last})")
+
+
+def _health_name(reply: Response) -> str | None:
+    """The ``name`` a ``/health`` reply gives, or None when it is not a model server's reply."""
+    try:
+        document = reply.json()
+    except ValueError:
+        return None
+    name = document.get("name") if isinstance(document, dict) else None
+    return name if isinstance(name, str) else None

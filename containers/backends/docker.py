@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import re
 import sys
 import tarfile
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import containers
 from containers.backends import (PERIOD_US, cfs_quota, check_limits, check_spec, cores_text, server_command,
                                  start_failure)
-from containers.backends.base import ContainerBackend, ContainerInfo, ContainerSpec, wait_healthy
+from containers.backends.base import ContainerBackend, ContainerInfo, ContainerSpec, check_port_free, wait_healthy
 from containers.backends.engine import not_answering, one_line
 from containers.errors import BackendUnavailable, ContainerError, UnknownContainer
 
@@ -39,21 +40,28 @@ _GROUP = "root:x:0:\nnogroup:x:65534:\n"
 
 
 class DockerBackend(ContainerBackend):
-    """Model servers as Docker containers on the host network.
+    """Model servers as Docker containers on the host network, unprivileged.
 
     ``list`` reports every container labelled ``autotune.managed`` (started by any instance or
     process, so a CLI can see what an earlier command started); ``close`` stops only those this
     instance started.
 
+    A server runs as ``user`` with no capabilities and no way to gain privileges: it shares the
+    host's network, so root in it would be root on the host's interfaces. The invoking user's
+    uid:gid by default, as the local backend runs: the artifact is theirs to read (older ones
+    were written readable by their owner only).
+
     Args:
         client: a connected client (``engine.engine_client`` or ``engine.ensure_engine``).
         startup_boost: start each container without its CPU limit until its server answers (``base``).
+        user: ``"uid:gid"`` the servers run as; None for the invoking user's.
     """
 
     kind = "docker"
 
-    def __init__(self, client: DockerClient, startup_boost: bool = True) -> None:
+    def __init__(self, client: DockerClient, startup_boost: bool = True, user: str | None = None) -> None:
         self.client, self.startup_boost = client, startup_boost
+        self.user = user or f"{os.getuid()}:{os.getgid()}"
         self._started: set[str] = set()
         self._baselines: dict[str, tuple[int, float]] = {}  # name -> (CPU ns, epoch s)
         self._image: str | None = None
@@ -66,11 +74,12 @@ class DockerBackend(ContainerBackend):
                     raise ContainerError(f"a container named {spec.name!r} is already running; stop it first")
                 found.remove(force=True)  # left stopped by a job that died before it could stop it
             image = self._ensure_image()
+        check_port_free(spec)  # host networking: the container's port is this host's
         self._started.add(spec.name)
         try:
             with self._errors(spec.name, "start"):
                 container = self.client.containers.run(image, server_command(spec),
-                                                       **_run_options(spec, self.start_cpus(spec, boost)))
+                                                       **_run_options(spec, self.start_cpus(spec, boost), self.user))
             wait_healthy(spec, timeout_s, alive=lambda: self._alive(container))
             self.settle(spec, boost)
         except BackendUnavailable:
@@ -219,11 +228,16 @@ def _info(container: Container) -> ContainerInfo:
                          cpuset=_parse_cpuset(host.get("CpusetCpus") or ""), ident=container.id)
 
 
-def _run_options(spec: ContainerSpec, cpus: float | None) -> dict[str, Any]:
-    """How the server's container is made: host network, read-only host runtime, CFS quota (``cpus``) and cpuset."""
+def _run_options(spec: ContainerSpec, cpus: float | None, user: str) -> dict[str, Any]:
+    """How the server's container is made: as ``user`` with no capabilities, host network, read-only host
+    runtime, CFS quota (``cpus``) and cpuset.
+
+    HOME is the container's own /tmp (mode 1777): any uid can use it, where the image's /root is root's alone.
+    """
     return {"detach": True, "name": PREFIX + spec.name, "network_mode": "host", "mounts": _mounts(spec.artifact),
+            "user": user, "cap_drop": ["ALL"], "security_opt": ["no-new-privileges"],
             "labels": {MANAGED: "true", "autotune.name": spec.name, "autotune.spec": _spec_label(spec)},
-            "environment": {"TVM_NUM_THREADS": str(spec.threads), "HOME": "/root", "PYTHONUNBUFFERED": "1",
+            "environment": {"TVM_NUM_THREADS": str(spec.threads), "HOME": "/tmp", "PYTHONUNBUFFERED": "1",
                             "PYTHONDONTWRITEBYTECODE": "1"},
             "cpu_period": PERIOD_US, "cpu_quota": cfs_quota(cpus) if cpus else None,
             "cpuset_cpus": cores_text(spec.cpuset) if spec.cpuset else None}
@@ -315,8 +329,10 @@ def _rootfs() -> bytes:
     """A minimal root file system as a tar, byte-for-byte the same each time so its hash names the image."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        # /root is no one's home here (HOME is /tmp) and open: a Python the host keeps under /root (pyenv as
+        # root) is bound inside it, and must be reachable for whichever uid the servers run as
         for name, mode in (("tmp", 0o1777), ("proc", 0o755), ("sys", 0o755), ("dev", 0o755), ("etc", 0o755),
-                           ("root", 0o700)):
+                           ("root", 0o755)):
             tar.addfile(_entry(name, tarfile.DIRTYPE, mode))
         for name, target in _top_links():
             if target is not None:

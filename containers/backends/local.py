@@ -23,7 +23,7 @@ from pathlib import Path
 
 from containers.backends import (PERIOD_US, cfs_quota, check_limits, check_spec, cores_text, server_command,
                                  start_failure, terminate)
-from containers.backends.base import ContainerBackend, ContainerInfo, ContainerSpec, wait_healthy
+from containers.backends.base import ContainerBackend, ContainerInfo, ContainerSpec, check_port_free, wait_healthy
 from containers.errors import BackendUnavailable, ContainerError, UnknownContainer
 
 GROUP = "autotune"
@@ -58,6 +58,7 @@ class LocalBackend(ContainerBackend):
         check_spec(spec)
         if spec.name in self._servers:
             raise ContainerError(f"a container named {spec.name!r} already exists; stop it first")
+        check_port_free(spec)
         if self._logs is None:
             self._logs = Path(self.log_dir) if self.log_dir else Path(tempfile.mkdtemp(prefix="autotune-local-"))
         log_path = self._logs / f"{spec.name}.log"

@@ -14,11 +14,15 @@ import socket
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from containers.atomic import write_atomically
 from containers.errors import ContainerError, ScenarioError, UnknownContainer
 from containers.qoe.analyst import QoeAnalyst
+
+if TYPE_CHECKING:
+    from requests import Response
 
 STATUS_FILE = "status.json"
 
@@ -66,8 +70,10 @@ class ControlServer:
             on_change()
             return JSONResponse({"container": name, "target_ms": None})
 
-        app = Starlette(routes=[Route("/status", get_status), Route("/targets/{name}", put_target, methods=["PUT"]),
-                                Route("/targets/{name}", delete_target, methods=["DELETE"])])
+        # {name:path}: any name, a "/" in it too, reaches the analyst, which answers for names it does not know
+        app = Starlette(routes=[Route("/status", get_status),
+                                Route("/targets/{name:path}", put_target, methods=["PUT"]),
+                                Route("/targets/{name:path}", delete_target, methods=["DELETE"])])
         self.url = f"http://{host}:{free_port(host)}"
         port = int(self.url.rsplit(":", 1)[1])
         self._server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False))
@@ -108,17 +114,30 @@ def change_target(run_dir: Path, name: str, target_ms: float | None) -> dict[str
     status = read_status(run_dir)
     if not status["running"]:
         raise ContainerError(f"the QoE manager of {run_dir} is not running")
-    url = f"{status['control_url']}/targets/{name}"
+    url = f"{status['control_url']}/targets/{quote(name, safe='')}"
     try:
         reply = requests.delete(url, timeout=5) if target_ms is None else requests.put(
             url, json={"target_ms": target_ms}, timeout=5)
     except requests.RequestException as err:
         raise ContainerError(f"the QoE manager at {status['control_url']} is not answering: {type(err).__name__}") from None
-    if reply.status_code == 404:
-        raise UnknownContainer(reply.json()["error"])
+    document = _json_object(reply)
+    error = document.get("error") if document else None
+    if reply.status_code == 404:  # the analyst's line, or the router's plain "Not Found" for a path it has no route to
+        raise UnknownContainer(error if isinstance(error, str) else f"no container named {name!r}")
     if reply.status_code != 200:
-        raise ScenarioError(reply.json().get("error", f"HTTP {reply.status_code}"))
-    return reply.json()
+        raise ScenarioError(error if isinstance(error, str) else f"the QoE manager answered HTTP {reply.status_code}")
+    if document is None:
+        raise ContainerError(f"the QoE manager at {status['control_url']} answered with something other than JSON")
+    return document
+
+
+def _json_object(reply: Response) -> dict[str, Any] | None:
+    """A reply's JSON object, or None when its body is not one."""
+    try:
+        document = reply.json()
+    except ValueError:
+        return None
+    return document if isinstance(document, dict) else None
 
 
 def _alive(pid: Any) -> bool:

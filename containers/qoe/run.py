@@ -10,9 +10,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -44,7 +47,12 @@ class RunEvents:
 
 def run_scenario(scenario: Scenario, run_dir: Path, events: RunEvents | None = None,
                  backend: ContainerBackend | None = None) -> dict[str, Any]:
-    """Run ``scenario`` for its duration on ``backend`` (default: the scenario's) and return its record."""
+    """Run ``scenario`` for its duration on ``backend`` (default: the scenario's) and return its record.
+
+    Ctrl-C, or SIGTERM when it runs in the main thread, ends the run early as its end would: the containers
+    it started are stopped (local servers run in sessions of their own and would outlive it, holding their
+    ports) and the record is written.
+    """
     from containers.backends import create_backend
 
     events = events or RunEvents()
@@ -60,39 +68,42 @@ def run_scenario(scenario: Scenario, run_dir: Path, events: RunEvents | None = N
     loads: dict[str, LoadClient] = {}
     joined_at: dict[str, float] = {}
     started = time.monotonic()
-    try:
-        next_step = 0.0
-        while (now := time.monotonic() - started) < scenario.duration_s:
-            due = []
-            while joins and joins[0][0] <= now:
-                due.append(joins.pop(0)[1])
-            if due:
-                _join(manager, scenario, due, events, now)
-                for plan in due:
-                    joined_at[plan.name] = time.monotonic() - started
-                    if not plan.load.external:
-                        inputs = request_inputs(plan.artifact, plan.batch)
-                        loads[plan.name] = LoadClient([_spec(plan, scenario).url], inputs, plan.load.arrivals(),
-                                                      plan.load.concurrency, plan.load.think_s, seed=len(loads)).start()
-                next_step = min(next_step, time.monotonic() - started + manager.listener.interval_s)
-            if now >= next_step and manager.workers.pool:
-                wait = manager.step()
-                next_step = time.monotonic() - started + wait
-                status = {**manager.status(), "pid": os.getpid(), "control_url": control.url, "scenario": scenario.name}
-                write_status(run_dir, status)
-                events.on_iteration(status)
-            step_at = next_step if manager.workers.pool else math.inf  # an empty pool waits for a join or the end
-            until = min(step_at, joins[0][0] if joins else scenario.duration_s, scenario.duration_s)
-            if manager.wake.wait(max(until - (time.monotonic() - started), 0.0)):
-                manager.wake.clear()
-                next_step = min(next_step, time.monotonic() - started + 0.5)  # a target changed: look again soon
-    except KeyboardInterrupt:
-        events.on_event("interrupted: stopping the containers")
-    finally:
-        records = {name: load.stop() for name, load in loads.items()}
-        control.stop()
-        final = manager.status()
-        backend.close()
+    with _sigterm_interrupts():  # as Ctrl-C: the containers are stopped, the record written
+        try:
+            next_step = 0.0
+            while (now := time.monotonic() - started) < scenario.duration_s:
+                due = []
+                while joins and joins[0][0] <= now:
+                    due.append(joins.pop(0)[1])
+                if due:
+                    _join(manager, scenario, due, events, now)
+                    for plan in due:
+                        joined_at[plan.name] = time.monotonic() - started
+                        if not plan.load.external:
+                            inputs = request_inputs(plan.artifact, plan.batch)
+                            loads[plan.name] = LoadClient([_spec(plan, scenario).url], inputs, plan.load.arrivals(),
+                                                          plan.load.concurrency, plan.load.think_s,
+                                                          seed=len(loads)).start()
+                    next_step = min(next_step, time.monotonic() - started + manager.listener.interval_s)
+                if now >= next_step and manager.workers.pool:
+                    wait = manager.step()
+                    next_step = time.monotonic() - started + wait
+                    status = {**manager.status(), "pid": os.getpid(), "control_url": control.url,
+                              "scenario": scenario.name}
+                    write_status(run_dir, status)
+                    events.on_iteration(status)
+                step_at = next_step if manager.workers.pool else math.inf  # an empty pool waits for a join or the end
+                until = min(step_at, joins[0][0] if joins else scenario.duration_s, scenario.duration_s)
+                if manager.wake.wait(max(until - (time.monotonic() - started), 0.0)):
+                    manager.wake.clear()
+                    next_step = min(next_step, time.monotonic() - started + 0.5)  # a target changed: look again soon
+        except KeyboardInterrupt:
+            events.on_event("interrupted: stopping the containers")
+        finally:
+            records = {name: load.stop() for name, load in loads.items()}
+            control.stop()
+            final = manager.status()
+            backend.close()
     record = _record(scenario, manager, final, records, joined_at, time.monotonic() - started)
     write_atomically(run_dir / RECORD, json.dumps(record, indent=2, default=str))
     from containers.qoe.timeline import plot_timeline
@@ -100,6 +111,28 @@ def run_scenario(scenario: Scenario, run_dir: Path, events: RunEvents | None = N
     plot_timeline(record, run_dir / "timeline.png")
     events.on_event(f"done: {record['summary']['satisfied_final']} of {len(scenario.containers)} containers satisfied")
     return record
+
+
+@contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM raises ``KeyboardInterrupt`` in the main thread, as Ctrl-C does, while the block runs.
+
+    Only the first: the cleanup it starts is not cut short by another. Elsewhere than the main
+    thread (which alone may handle signals) nothing changes.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def _spec(plan: ContainerPlan, scenario: Scenario) -> ContainerSpec:
