@@ -18,6 +18,7 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from autotune.cli import _fail, app
+from autotune.cli_serve import _interruptible
 
 PLANS = Path("runs/plans")
 TUNER_DRAIN_HELP = ("with the Tuner: how many times its step again each scale-up adds, to drain what queues while "
@@ -230,10 +231,11 @@ def plan_apply(
                                 f"{cores_text(tuple(sorted(allowed)))}")
         if pinned is not None and allowed - set(pinned):
             os.sched_setaffinity(0, allowed - set(pinned))
-        record = apply_plan(plan, pipeline, read_trace(trace), out, backend=backend, tuner=tuner,
-                            seed=seed, base_port=base_port, duration_s=duration, cores=pinned, standby=standby,
-                            **({"tuner_drain": tuner_drain} if tuner_drain is not None else {}),
-                            on_event=(lambda text: None) if as_json else print)
+        with _interruptible():
+            record = apply_plan(plan, pipeline, read_trace(trace), out, backend=backend, tuner=tuner,
+                                seed=seed, base_port=base_port, duration_s=duration, cores=pinned, standby=standby,
+                                **({"tuner_drain": tuner_drain} if tuner_drain is not None else {}),
+                                on_event=(lambda text: None) if as_json else print)
     except (ContainerError, ArtifactError, AutotuneError) as err:
         _fail(err)
         return

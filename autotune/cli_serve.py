@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -16,7 +18,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from autotune.cli import _fail, app
+from autotune.cli import _fail, app, err_console
 
 qoe_app = typer.Typer(no_args_is_help=True, help="The QoE manager (DQoES): run scenarios, watch them, change targets.")
 app.add_typer(qoe_app, name="qoe")
@@ -35,6 +37,23 @@ def _table(status: dict[str, Any]) -> Table:
     c = status["counts"]
     table.caption = f"G {c['G']}  S {c['S']}  B {c['B']}   manager CPU {status['manager_cpu_share']:.2%}"
     return table
+
+
+@contextmanager
+def _interruptible() -> Iterator[None]:
+    """Ctrl-C or SIGTERM ends a command that started containers after its cleanup has stopped them (exit 130).
+
+    Without it SIGTERM would end the process before its ``finally`` blocks, and the servers it
+    started would keep running (``containers.interrupts``).
+    """
+    from containers.interrupts import sigterm_as_interrupt
+
+    try:
+        with sigterm_as_interrupt():
+            yield
+    except KeyboardInterrupt:
+        err_console.print("interrupted: the containers it started are stopped", highlight=False)
+        raise typer.Exit(130) from None
 
 
 def _run(scenario: Any, out: Path, quiet: bool) -> dict[str, Any]:
@@ -202,11 +221,12 @@ def deploy_compare(
         parsed = [Scheme.parse(s, len(os.sched_getaffinity(0))) for s in schemes.split(",")]
         inputs = request_inputs(art.path, batch)
         engine = create_backend(backend)
-        try:
-            rows = compare_schemes(engine, art.path, parsed, inputs, duration, concurrency,
-                                   Poisson(rate) if rate else None)
-        finally:
-            engine.close()
+        with _interruptible():
+            try:
+                rows = compare_schemes(engine, art.path, parsed, inputs, duration, concurrency,
+                                       Poisson(rate) if rate else None)
+            finally:
+                engine.close()
     except (ContainerError, ArtifactError) as err:
         _fail(err)
         return
@@ -249,10 +269,11 @@ def profile(
         sizes = [ContainerSize.parse(c, available_cores()) for c in configs.split(",")]
         batches = _ints(batch_sizes, "--batch-sizes") or ()
         engine = create_backend(backend)
-        try:
-            entries = profile_in_containers(engine, art.path, sizes, batches, seconds)
-        finally:
-            engine.close()
+        with _interruptible():
+            try:
+                entries = profile_in_containers(engine, art.path, sizes, batches, seconds)
+            finally:
+                engine.close()
         rewrite_profile(art.path, merge_profile(read_profile(art.path / "profile.json"), entries))
     except (ContainerError, ArtifactError, AutotuneError) as err:
         _fail(err)

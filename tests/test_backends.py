@@ -494,6 +494,43 @@ def test_local_servers_are_stopped_when_autotune_serve_gets_sigterm(tuned_run, t
         _kill_listener(port)
 
 
+def test_deploy_compare_stops_its_local_servers_on_sigterm(tuned_run, tmp_path):
+    import psutil
+
+    artifact = str(tuned_run.artifact)
+
+    def servers() -> list[psutil.Process]:
+        found = []
+        for proc in psutil.process_iter(["cmdline"]):
+            command = proc.info["cmdline"] or []
+            if "containers.server" in command and artifact in command:
+                found.append(proc)
+        return found
+
+    command = [sys.executable, "-c", "from autotune.cli import main; main()", "deploy", "compare", artifact,
+               "--schemes", "1x1", "--duration", "120", "--backend", "local"]
+    log = tmp_path / "deploy.log"
+    with open(log, "w") as out:
+        cli = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                               env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        deadline = time.monotonic() + 60
+        while not servers():
+            assert cli.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, f"no server started in 60 s:\n{log.read_text()}"
+            time.sleep(0.2)
+        time.sleep(1.0)
+        cli.send_signal(signal.SIGTERM)
+        assert cli.wait(timeout=30) == 130, log.read_text()
+        assert "interrupted: the containers it started are stopped" in log.read_text()
+        assert servers() == []  # SIGTERM's default action would have left it serving
+    finally:
+        cli.kill()
+        cli.wait()
+        for proc in servers():
+            proc.kill()
+
+
 def _kill_listener(port: int) -> None:
     """Kill whatever process still listens on ``port`` (a server its CLI left behind), by its pid."""
     import psutil

@@ -10,12 +10,9 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -25,6 +22,7 @@ import numpy as np
 
 from containers.atomic import write_atomically
 from containers.backends.base import ContainerBackend, ContainerSpec
+from containers.interrupts import sigterm_as_interrupt
 from containers.load import NOT_SENT, LoadClient, RequestRecord, join_times
 from containers.qoe.algorithm import create_policy
 from containers.qoe.control import ControlServer, write_status
@@ -68,7 +66,7 @@ def run_scenario(scenario: Scenario, run_dir: Path, events: RunEvents | None = N
     loads: dict[str, LoadClient] = {}
     joined_at: dict[str, float] = {}
     started = time.monotonic()
-    with _sigterm_interrupts():  # as Ctrl-C: the containers are stopped, the record written
+    with sigterm_as_interrupt():  # as Ctrl-C: the containers are stopped, the record written
         try:
             next_step = 0.0
             while (now := time.monotonic() - started) < scenario.duration_s:
@@ -111,28 +109,6 @@ def run_scenario(scenario: Scenario, run_dir: Path, events: RunEvents | None = N
     plot_timeline(record, run_dir / "timeline.png")
     events.on_event(f"done: {record['summary']['satisfied_final']} of {len(scenario.containers)} containers satisfied")
     return record
-
-
-@contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """SIGTERM raises ``KeyboardInterrupt`` in the main thread, as Ctrl-C does, while the block runs.
-
-    Only the first: the cleanup it starts is not cut short by another. Elsewhere than the main
-    thread (which alone may handle signals) nothing changes.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: object) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def _spec(plan: ContainerPlan, scenario: Scenario) -> ContainerSpec:
