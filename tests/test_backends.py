@@ -465,13 +465,9 @@ def test_local_servers_are_stopped_when_autotune_serve_gets_sigterm(tuned_run, t
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     name = f"sigterm-{uuid.uuid4().hex[:8]}"
-    command = [sys.executable, "-c", "from autotune.cli import main; main()", "serve", str(tuned_run.artifact),
-               "--target-ms", "50", "--backend", "local", "--port", str(port), "--name", name, "--out",
-               str(tmp_path / "serve")]
     log = tmp_path / "serve.log"
-    with open(log, "w") as out:
-        cli = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                               env={**os.environ, "PYTHONPATH": str(ROOT)})
+    cli = _autotune_in_background(log, "serve", str(tuned_run.artifact), "--target-ms", "50", "--backend", "local",
+                                  "--port", str(port), "--name", name, "--out", str(tmp_path / "serve"))
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -507,12 +503,9 @@ def test_deploy_compare_stops_its_local_servers_on_sigterm(tuned_run, tmp_path):
                 found.append(proc)
         return found
 
-    command = [sys.executable, "-c", "from autotune.cli import main; main()", "deploy", "compare", artifact,
-               "--schemes", "1x1", "--duration", "120", "--backend", "local"]
     log = tmp_path / "deploy.log"
-    with open(log, "w") as out:
-        cli = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                               env={**os.environ, "PYTHONPATH": str(ROOT)})
+    cli = _autotune_in_background(log, "deploy", "compare", artifact, "--schemes", "1x1", "--duration", "120",
+                                  "--backend", "local")
     try:
         deadline = time.monotonic() + 60
         while not servers():
@@ -529,6 +522,13 @@ def test_deploy_compare_stops_its_local_servers_on_sigterm(tuned_run, tmp_path):
         cli.wait()
         for proc in servers():
             proc.kill()
+
+
+def _autotune_in_background(log: Path, *args: str) -> subprocess.Popen:
+    """The ``autotune`` command with ``args`` in its own process, its output going to ``log``."""
+    with open(log, "w") as out:
+        return subprocess.Popen([sys.executable, "-c", "from autotune.cli import main; main()", *args], cwd=ROOT,
+                                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 def _kill_listener(port: int) -> None:
