@@ -18,7 +18,6 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from autotune.cli import _fail, app
-from autotune.cli_serve import _interruptible
 
 PLANS = Path("runs/plans")
 TUNER_DRAIN_HELP = ("with the Tuner: how many times its step again each scale-up adds, to drain what queues while "
@@ -215,6 +214,7 @@ def plan_apply(
     import os
 
     from autotune.cli import _ints
+    from autotune.cli_serve import _interruptible
     from autotune.errors import AutotuneError
     from containers.backends import cores_text
     from containers.errors import ContainerError, ScenarioError
