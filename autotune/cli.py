@@ -172,21 +172,18 @@ def _check_output(path: Path) -> None:
 
 
 def _save_array(path: Path, array: object) -> None:
-    """Write ``array`` to ``path`` whole or not at all (a temporary sibling, renamed)."""
-    import os
-    import tempfile
+    """Write ``array`` to ``path`` whole or not at all."""
+    import io
 
     import numpy as np
 
-    partial: Path | None = None
+    from results.atomic import write_atomically
+
+    buffer = io.BytesIO()
+    np.save(buffer, array)
     try:
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False) as f:
-            partial = Path(f.name)
-            np.save(f, array)
-        os.replace(partial, path)
+        write_atomically(path, buffer.getvalue())
     except OSError as err:
-        if partial is not None:
-            partial.unlink(missing_ok=True)
         raise UsageError(f"cannot write --output {path}: {err.strerror or err}; expected a writable .npy path") from None
 
 

@@ -34,6 +34,7 @@ from cost_models.latency_model import features_reused, for_target, is_trained, l
 from cost_models.preemption import NeverPreempt, Preemption, TaskRound
 from cost_models.quality import RankQuality
 from measure.engine import Candidate, Measurement, MeasurementEngine, PhaseWork
+from results.atomic import write_atomically
 
 MEASUREMENTS_LOG = "measurements.jsonl"
 PROGRESS = "progress.json"  # what a resumed run cannot read back from the database (``TuningSession._save_progress``)
@@ -436,10 +437,7 @@ class TuningSession:
             "tasks": {s.task.name: {"planned": s.planned, "budget": s.budget, "screened": s.screened,
                                     "stopped": s.stopped} for s in self.states},
         }
-        path = os.path.join(self.work_dir, PROGRESS)
-        with open(path + ".partial", "w", encoding="utf-8") as f:
-            json.dump(progress, f, indent=2)
-        os.replace(path + ".partial", path)
+        write_atomically(os.path.join(self.work_dir, PROGRESS), json.dumps(progress, indent=2))
 
     def _restore_progress(self) -> None:
         """Take back the earlier run's ``PROGRESS``: its screened proposals used trials of their budgets, and,

@@ -16,6 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from results.atomic import write_atomically
+
 OUT_DIR = Path("results/bench")
 
 
@@ -44,7 +46,7 @@ def main() -> None:
     report = {"kernel": args.kernel, "date": time.strftime("%Y-%m-%d"), "error_bound": 0.05, "curves": curves,
               "levels_used_in_tuning_benchmark": chosen_in_tuning}
     OUT_DIR.mkdir(parents=True, exist_ok=True)
-    (OUT_DIR / "dop.json").write_text(json.dumps(report, indent=2))
+    write_atomically(OUT_DIR / "dop.json", json.dumps(report, indent=2))
     lines = [f"# Degree of parallelism ({args.kernel}, {args.candidates} candidates per level)", "",
              "| candidates built for | level | measured at once | builds meanwhile | candidates/s | mean error | median error | p90 error | timed again (busy) |",
              "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
@@ -64,7 +66,7 @@ def main() -> None:
     if chosen_in_tuning:
         lines += ["", "Levels the controller used, round by round, in the tuning benchmark: "
                   + "; ".join(f"{k}: {v}" for k, v in chosen_in_tuning.items())]
-    (OUT_DIR / "dop.md").write_text("\n".join(lines) + "\n")
+    write_atomically(OUT_DIR / "dop.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -30,6 +30,8 @@ from typing import Any
 
 from scipy.stats import kendalltau
 
+from results.atomic import write_atomically
+
 OUT_DIR = Path("results/bench")
 KERNELS = ("matmul512", "conv3x3_resnet18", "dense_bert")
 SETTLE_WITHIN = 0.05  # candidates this close to A's or B's best are in the running for the settled best
@@ -125,7 +127,7 @@ def main() -> None:
         "kernels": results,
     }
     OUT_DIR.mkdir(parents=True, exist_ok=True)
-    (OUT_DIR / "fidelity.json").write_text(json.dumps(report, indent=2))
+    write_atomically(OUT_DIR / "fidelity.json", json.dumps(report, indent=2))
     lines = [f"# Measurement fidelity ({report['machine']}): engine vs isolated", "",
              "| kernel | threads | candidates | levels used | median error | p90 error | Kendall tau | best gap vs A | best gap, settled | A's best, settled | floor: median error | floor: Kendall tau | timed again (busy) |",
              "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -146,7 +148,7 @@ def main() -> None:
               "Median error by why the engine stopped timing a candidate: " + "; ".join(
                   f"{r['kernel']}: " + ", ".join(f"{k} {v['median_abs_rel_error']:.1%} (n={v['candidates']})"
                                                   for k, v in r["by_stop"].items()) for r in results)]
-    (OUT_DIR / "fidelity.md").write_text("\n".join(lines) + "\n")
+    write_atomically(OUT_DIR / "fidelity.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

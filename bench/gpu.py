@@ -23,6 +23,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from results.atomic import write_atomically
+
 OUT = Path("results/bench/gpu.json")
 KERNELS = ("matmul512", "conv3x3_resnet18")
 
@@ -172,7 +174,7 @@ def main() -> None:
     parser.add_argument("--arm", nargs=3, metavar=("ARM", "KERNEL", "WORK_DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.table:
-        OUT.with_suffix(".md").write_text(markdown(json.loads(OUT.read_text())))
+        write_atomically(OUT.with_suffix(".md"), markdown(json.loads(OUT.read_text())))
         return
     if args.arm:
         print(json.dumps(arm(args.arm[0], args.arm[1], args.trials, args.arm[2], args.target)))
@@ -185,7 +187,7 @@ def main() -> None:
     def save() -> None:
         """After every phase: a run cut short by its time limit still leaves what it measured."""
         OUT.parent.mkdir(parents=True, exist_ok=True)
-        OUT.write_text(json.dumps(results, indent=2))
+        write_atomically(OUT, json.dumps(results, indent=2))
 
     for name in args.kernels:
         arms: dict[str, Any] = {}
@@ -212,7 +214,7 @@ def main() -> None:
             results["kernels"][name]["engine"] = {"failure": traceback.format_exc()}
         print(f"[gpu {name}] engine: {results['kernels'][name]['engine']}", file=sys.stderr, flush=True)
         save()
-    OUT.with_suffix(".md").write_text(markdown(results))
+    write_atomically(OUT.with_suffix(".md"), markdown(results))
     print(OUT.read_text())
 
 

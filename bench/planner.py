@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from containers.atomic import write_atomically
+from results.atomic import write_atomically
 
 OUT_DIR = Path("results/bench")
 WORK = OUT_DIR / "work" / "planner"
@@ -100,7 +100,7 @@ def write_pipeline(stages: int, artifacts: list[Path], folder: Path) -> Path:
         lines += ["", "[[stages]]", f'name = "s{i}"', f'artifact = "{art}"',
                   f"parents = {json.dumps(list(parents))}", f"scale_factor = {scale}"]
     path = folder / f"bench-{stages}.toml"
-    path.write_text("\n".join(lines) + "\n")
+    write_atomically(path, "\n".join(lines) + "\n")
     return path
 
 

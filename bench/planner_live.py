@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from bench.planner import QOE_ARTIFACTS, SLO_FACTOR, WORK, merge_section, profile_containers
+from results.atomic import write_atomically
 
 LIVE_STAGES = ("mlp", "bert_ffn")  # stage i runs QOE_ARTIFACTS/<name>/artifact; bert_ffn follows mlp
 LIVE_MAX_CORES = 1.0  # per replica: container-measured entries above this are left out, so replicas fit 2 cores
@@ -64,7 +65,7 @@ def write_live_pipeline(folder: Path, max_cores: float, min_cores: float = 0.0) 
         if limits:
             lines.append(f"hardware = {json.dumps([f'cpu-{c:g}' for c in limits])}")
     path = folder / (f"bench-live-{max_cores:g}.toml" if not min_cores else f"bench-live-{min_cores:g}-{max_cores:g}.toml")
-    path.write_text("\n".join(lines) + "\n")
+    write_atomically(path, "\n".join(lines) + "\n")
     return path
 
 

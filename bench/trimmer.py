@@ -40,7 +40,7 @@ from typing import Any
 from bench.remeasure import BLOCK, ratio_interval
 from bench.tuning import _run_json
 from bench.workloads import WORKLOADS
-from containers.atomic import write_atomically
+from results.atomic import write_atomically
 from cost_models.preemption import COUNTS
 
 OUT_DIR = Path("results/bench")
@@ -357,7 +357,7 @@ def _warm_table(result: dict[str, Any]) -> list[str]:
 
 def write_tables(report: dict[str, Any], stem: str = "trimmer") -> None:
     OUT_DIR.mkdir(parents=True, exist_ok=True)
-    (OUT_DIR / f"{stem}.json").write_text(json.dumps(report, indent=2))
+    write_atomically(OUT_DIR / f"{stem}.json", json.dumps(report, indent=2))
     pct = lambda v: "-" if v is None else f"{v:.0%}"  # noqa: E731
     kj = lambda v: "-" if v is None else f"{v / 1000:.2f}"  # noqa: E731
     gpu = report.get("target", "cpu") == "cuda"
@@ -416,7 +416,7 @@ def write_tables(report: dict[str, Any], stem: str = "trimmer") -> None:
               f"latency ratio <= {TARGETS['latency_ratio']}, drop rate < {TARGETS['drop_rate']:.0%}."]
     if report.get("notes"):
         lines += ["", *(f"- {note}" for note in report["notes"])]
-    (OUT_DIR / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    write_atomically(OUT_DIR / f"{stem}.md", "\n".join(lines) + "\n")
 
 
 def main() -> None:

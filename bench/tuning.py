@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.workloads import WORKLOADS
+from results.atomic import write_atomically
 
 ARMS = ("stock", "warm_stock", "autotune")
 REACH_TOLERANCE = 0.03  # "equal quality": within the 3% the issue allows for the final best
@@ -128,7 +129,7 @@ def _speedup(kind: str, base: dict[str, Any], same_search: dict[str, Any], ours:
 
 def write_tables(report: dict[str, Any]) -> None:
     OUT_DIR.mkdir(parents=True, exist_ok=True)
-    (OUT_DIR / "tuning.json").write_text(json.dumps(report, indent=2))
+    write_atomically(OUT_DIR / "tuning.json", json.dumps(report, indent=2))
     lines = [f"# Tuning benchmark ({report['trials']} trials per workload, {report['machine']})", "",
              "| workload | arm | wall (s) | valid trials | best logged (us) | best isolated (us) | speedup_vs_stock | speedup_vs_warm_stock | latency vs warm stock |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -155,7 +156,7 @@ def write_tables(report: dict[str, Any]) -> None:
                   + "; ".join(f"{n}: {f}" for n, f in failures.items())]
     else:
         lines += ["", "Stock with defaults produced valid candidates on every workload in this run."]
-    (OUT_DIR / "tuning.md").write_text("\n".join(lines) + "\n")
+    write_atomically(OUT_DIR / "tuning.md", "\n".join(lines) + "\n")
 
 
 def main() -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from results.artifact import ArtifactWriter, open_artifact
+from results.atomic import write_atomically
 from results.errors import ArtifactError
 
 
@@ -152,3 +153,19 @@ def test_a_torn_log_line_is_ended_and_passed_over(tmp_path):
     assert [r["trial"] for r in records] == [1, 2, 1]
     plot_tuning_curve(records, {"dense": 1}, tmp_path / "curve.png")  # a task this model no longer has is left out
     assert (tmp_path / "curve.png").stat().st_size > 0
+
+
+def test_an_atomic_write_that_fails_keeps_the_old_file_and_leaves_no_partial(tmp_path, monkeypatch):
+    path = tmp_path / "progress.json"
+    write_atomically(path, "old")
+    write_atomically(path, b"\x00new")
+    assert path.read_bytes() == b"\x00new"
+
+    def full_disk(src: str, dst: str) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        write_atomically(path, "lost")
+    assert path.read_bytes() == b"\x00new"
+    assert os.listdir(tmp_path) == ["progress.json"]

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from containers.atomic import write_atomically
+from results.atomic import write_atomically
 from containers.backends.base import ContainerBackend
 from containers.errors import ScenarioError
 from containers.planner.batchqueue import ReplicaChange

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from containers.errors import PlanError
-from containers.atomic import write_atomically
+from results.atomic import write_atomically
 from containers.planner.config import StageConfig
 
 SCHEMA_VERSION = 1

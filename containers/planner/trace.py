@@ -16,7 +16,7 @@ import numpy as np
 
 from containers.errors import ScenarioError
 from containers.load import Gamma, Trace
-from containers.atomic import write_atomically
+from results.atomic import write_atomically
 
 MAX_WINDOW_S = 60.0
 MIN_BASE_S = 0.010  # below this a window holds too few arrivals to say anything about a rate

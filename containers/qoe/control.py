@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from containers.atomic import write_atomically
+from results.atomic import write_atomically
 from containers.errors import ContainerError, ScenarioError, UnknownContainer
 from containers.qoe.analyst import QoeAnalyst
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from containers.atomic import write_atomically
+from results.atomic import write_atomically
 from containers.backends.base import ContainerBackend, ContainerSpec
 from containers.interrupts import sigterm_as_interrupt
 from containers.load import NOT_SENT, LoadClient, RequestRecord, join_times
