@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from results.atomic import write_atomically
+
 OUT_DIR = Path("results/bench")
 WORK = OUT_DIR / "work" / "qoe"
 MODELS = {"mlp": ("zoo:mlp", 64), "bert_ffn": ("zoo:bert_ffn", 1)}  # model, items per request
@@ -79,13 +81,18 @@ def fastest_alone(backend: Any, artifacts: dict[str, Path]) -> dict[str, float]:
     return fastest
 
 
+def targets_ms(fastest: dict[str, float]) -> dict[str, float]:
+    """Each container's QoE target (ms, by container name): a factor of its model's fastest time alone."""
+    return {f"{model}-{i}": round(TARGET_FACTORS[i] * fastest[model], 2) for i, model in enumerate(LAYOUT)}
+
+
 def scenario_for(schedule: str, arm: str, artifacts: dict[str, Path], fastest: dict[str, float],
                  duration_s: float | None = None) -> Any:
     from containers.scenario import ContainerPlan, Scenario, Schedule
 
     policy, listener = ARMS[arm]
-    plans = tuple(ContainerPlan(f"{model}-{i}", artifacts[model], round(TARGET_FACTORS[i] * fastest[model], 2),
-                                batch=MODELS[model][1]) for i, model in enumerate(LAYOUT))
+    plans = tuple(ContainerPlan(name, artifacts[model], target, batch=MODELS[model][1])
+                  for (name, target), model in zip(targets_ms(fastest).items(), LAYOUT))
     return Scenario(f"{schedule}-{arm}", duration_s or DURATIONS[schedule], plans, backend="docker", policy=policy, listener=listener,
                     schedule=Schedule(schedule, interval_s=10.0, window_s=60.0, seed=7))
 
@@ -165,9 +172,12 @@ def verdict(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def write_markdown(report: dict[str, Any], path: Path) -> None:
-    lines = [f"# QoE benchmark (DQoES), {report['machine']['cpus']} cores, Docker {report['machine']['docker']}", "",
-             "Fastest mean server time alone: " + ", ".join(f"{k} {v:.2f} ms" for k, v in report["fastest_ms"].items())
-             + f". Targets: {report['targets_ms']}.", "",
+    lines = [f"# QoE benchmark (DQoES), {report['machine']['cpus']} cores, Docker {report['machine']['docker']}", ""]
+    for block in [report, *report.get("reruns", [])]:  # each run sets its targets from its own fastest times
+        lines.append(f"{'Rerun' if block is not report else 'First run'}: fastest mean server time alone "
+                     + ", ".join(f"{k} {v:.2f} ms" for k, v in block["fastest_ms"].items()) + "; targets (ms) "
+                     + ", ".join(f"{k} {v}" for k, v in targets_ms(block["fastest_ms"]).items()) + ".")
+    lines += ["",
              "| run | satisfied (2nd half, mean) | converged after (iterations) | iterations | limit changes "
              "| iterations/min once converged | manager CPU | requests (failed) |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -196,7 +206,7 @@ def write_markdown(report: dict[str, Any], path: Path) -> None:
               "yardstick for every arm. Converged: manager iterations after the last arrival until the count of S at its "
               "iterations reached, for good, the lowest count of the run's last quarter. Iterations/min once converged: "
               "how often the manager observed and ran Algorithm 1 after that. Timelines: results/bench/qoe/*.png."]
-    path.write_text("\n".join(lines) + "\n")
+    write_atomically(path, "\n".join(lines) + "\n")
 
 
 def rebuild(report: dict[str, Any]) -> None:
@@ -224,13 +234,12 @@ def main() -> None:
         if report is None:
             fastest = block["fastest_ms"]
             report = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "docker": docker_version},
-                      "targets": TARGETS, "targets_ms": {f"{m}-{i}": round(TARGET_FACTORS[i] * fastest[m], 2)
-                                                         for i, m in enumerate(LAYOUT)}, **block}
+                      "targets": TARGETS, "targets_ms": targets_ms(fastest), **block}
         else:
             report.setdefault("reruns", []).append(block)
         report["recorded_at"] = time.strftime("%Y-%m-%d %H:%M:%S")
     rebuild(report)
-    path.write_text(json.dumps(report, indent=2))
+    write_atomically(path, json.dumps(report, indent=2))
     write_markdown(report, OUT_DIR / "qoe.md")
     print(json.dumps([b["verdict"] for b in [report, *report.get("reruns", [])]], indent=2))
 

@@ -1,6 +1,7 @@
 """Seed spread: the engine alone against itself on other search seeds (an A/A run).
 
     python -m bench.seed_spread [--workload matmul512] [--seeds 100,101,102,103,104] [--trials N] [--resume]
+    python -m bench.seed_spread --resummarize   # tables again from the recorded runs
 
 The Trimmer benchmark holds engine + Trimmer to a final latency within 2% of the engine
 alone, run by run. Two searches of one kernel differ by their luck as well as their policy,
@@ -28,8 +29,9 @@ from typing import Any
 import numpy as np
 
 from bench.remeasure import BLOCK, ratio_interval
-from bench.trimmer import BUDGETS, OUT_DIR, TARGETS, _setup, _us, arm_command, pooled_runs, run_arm
+from bench.trimmer import BUDGETS, OUT_DIR, TARGETS, _us, arm_command, pooled_runs, run_arm
 from bench.tuning import _run_json
+from results.atomic import write_atomically
 
 STEM = "seed_spread"
 
@@ -74,17 +76,17 @@ def compare_pairs(turns: dict[str, list[list[float]]]) -> dict[str, Any]:
 
 
 def trimmer_pairs(name: str) -> list[float]:
-    """The latency ratios of the Trimmer benchmark's paired runs of ``name`` at the budget and rule of its latest
-    run, to set beside."""
+    """The latency ratios of the Trimmer benchmark's paired runs of ``name`` under the budget and rule it ran most
+    often (a trial of another rule on a few seeds is not the sample to set beside), to set beside."""
     path = OUT_DIR / "trimmer.json"
     report = json.loads(path.read_text()) if path.exists() else {"workloads": {}}
-    runs = [w for w in (report["workloads"].get(name), *report.get("reruns", {}).get(name, [])) if w]
-    pooled = pooled_runs(report).get((name, _setup(runs[-1])), []) if runs else []
-    return sorted(w["trimmer_vs_engine"]["latency_ratio"] for w in pooled)
+    groups = [runs for (workload, _), runs in pooled_runs(report).items() if workload == name]
+    largest = max(groups, key=len, default=[])
+    return sorted(w["trimmer_vs_engine"]["latency_ratio"] for w in largest)
 
 
 def write_tables(report: dict[str, Any]) -> None:
-    (OUT_DIR / f"{STEM}.json").write_text(json.dumps(report, indent=2))
+    write_atomically(OUT_DIR / f"{STEM}.json", json.dumps(report, indent=2))
     limit = TARGETS["latency_ratio"]
     lines = [f"# Seed spread: the engine against itself ({report['machine']})", ""]
     for name, w in report["workloads"].items():
@@ -107,9 +109,10 @@ def write_tables(report: dict[str, Any]) -> None:
         if trimmed:
             within = sum(r <= limit for r in trimmed)
             lines += ["", "Beside it, engine + Trimmer against the engine on one seed (results/bench/trimmer.json, "
-                      f"today's rule): {within} of {len(trimmed)} within {limit} ({within / len(trimmed):.0%}); "
-                      f"median {statistics.median(trimmed):.3f}, range {trimmed[0]:.3f}-{trimmed[-1]:.3f}."]
-    (OUT_DIR / f"{STEM}.md").write_text("\n".join(lines) + "\n")
+                      f"the paired runs under the rule it ran most): {within} of {len(trimmed)} within {limit} "
+                      f"({within / len(trimmed):.0%}); "
+                      f"median {statistics.median(trimmed):.3f}, range {trimmed[0]:.3f}-{trimmed[-1]:.3f}.", ""]
+    write_atomically(OUT_DIR / f"{STEM}.md", "\n".join(lines).rstrip() + "\n")
 
 
 def main() -> None:
@@ -120,7 +123,14 @@ def main() -> None:
     parser.add_argument("--target", default="cpu")
     parser.add_argument("--trials", type=int, help="override the workload's budget (the Trimmer benchmark's)")
     parser.add_argument("--resume", action="store_true", help="keep the runs an earlier run of this command finished")
+    parser.add_argument("--resummarize", action="store_true",
+                        help="run nothing: rewrite the tables from the recorded runs and today's trimmer.json")
     args = parser.parse_args()
+    path = OUT_DIR / f"{STEM}.json"
+    if args.resummarize:
+        write_tables(json.loads(path.read_text()))
+        print((OUT_DIR / f"{STEM}.md").read_text())
+        return
     if args.workload not in BUDGETS:
         raise SystemExit(f"unknown workload {args.workload!r}; expected one of {', '.join(BUDGETS)}")
     try:
@@ -131,7 +141,6 @@ def main() -> None:
         raise SystemExit(f"--seeds needs two or more distinct seeds >= 1; got {args.seeds!r}")
     from autotune.target import host_cores
 
-    path = OUT_DIR / f"{STEM}.json"
     report = json.loads(path.read_text()) if path.exists() else {"workloads": {}}
     report.update({"machine": f"{platform.processor() or platform.machine()}, {host_cores()} cores",
                    "date": time.strftime("%Y-%m-%d")})

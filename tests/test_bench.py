@@ -238,3 +238,17 @@ def test_a_dqoes_run_that_never_converged_does_not_meet_the_convergence_target()
     never = {**runs, "burst-dqoes": {**run, "converged_after_iterations": None}}
     assert bench.qoe.verdict(never)["converge_iterations"] is None
     assert "converge_iterations" not in bench.qoe.verdict(never)["targets_met"]
+
+
+def test_the_qoe_table_prints_each_runs_own_targets(tmp_path):
+    import bench.qoe
+
+    first, rerun = {"mlp": 2.0, "bert_ffn": 20.0}, {"mlp": 3.0, "bert_ffn": 30.0}
+    verdict = {"targets_met": []}
+    report = {"machine": {"cpus": 2, "docker": "test"}, "fastest_ms": first, "runs": {}, "verdict": verdict,
+              "reruns": [{"fastest_ms": rerun, "runs": {}, "verdict": verdict}]}
+    bench.qoe.write_markdown(report, tmp_path / "qoe.md")
+    text = (tmp_path / "qoe.md").read_text()
+    assert "First run: fastest mean server time alone mlp 2.00 ms, bert_ffn 20.00 ms; targets (ms) mlp-0 1.6," in text
+    assert "Rerun: fastest mean server time alone mlp 3.00 ms, bert_ffn 30.00 ms; targets (ms) mlp-0 2.4," in text
+    assert "bert_ffn-5 180.0." in text
