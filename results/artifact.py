@@ -31,6 +31,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from results.atomic import current_umask
 from results.errors import ArtifactError
 from results.integrity import check_hash, load_verified_library, sha256_of, verified_bytes
 
@@ -83,9 +84,7 @@ class ArtifactWriter:
         manifest["files"] = {str(p.relative_to(self.path)): sha256_of(p) for p in files}
         with open(self.path / MANIFEST, "w", encoding="utf-8") as f:
             json.dump(manifest, f, indent=2)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(self.path, 0o777 & ~umask)
+        os.chmod(self.path, 0o777 & ~current_umask())
         if self.final_dir.exists():
             _exchange(self.path, self.final_dir)  # the old artifact is now at self.path, removed on exit
         else:

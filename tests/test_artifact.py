@@ -169,3 +169,13 @@ def test_an_atomic_write_that_fails_keeps_the_old_file_and_leaves_no_partial(tmp
         write_atomically(path, "lost")
     assert path.read_bytes() == b"\x00new"
     assert os.listdir(tmp_path) == ["progress.json"]
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600)])
+def test_an_atomic_write_gets_the_mode_a_plain_open_would(tmp_path, umask, mode):
+    old = os.umask(umask)
+    try:
+        write_atomically(tmp_path / "y.npy", b"data")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "y.npy").stat().st_mode) == mode
