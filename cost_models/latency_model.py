@@ -18,7 +18,7 @@ import functools
 import json
 import os
 import shutil
-import tempfile
+import secrets
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
@@ -186,7 +186,8 @@ def save_latency_model(model: Any, path: str | Path, target: Any) -> None:
     inner = model._inst
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    staging = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}"
+    staging.mkdir()  # not mkdtemp: the folder takes the umask, so another user can warm-start from it
     try:
         groups = list(inner.data.values())
         rows = [f for g in groups for f in g.features]

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import stat
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -41,14 +42,19 @@ def test_error_before_commit_leaves_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_artifact_folder_takes_the_umask_not_owner_only(tmp_path):
-    """A server in a container runs as another user and must be able to read the artifact."""
+def test_artifact_folders_take_the_umask_not_owner_only(tmp_path):
+    """A server in a container runs as another user and must be able to read (and so verify) every file."""
     old = os.umask(0o022)
     try:
-        _write(tmp_path / "artifact", "{}")
+        with ArtifactWriter(tmp_path / "artifact") as w:
+            model = Path(tempfile.mkdtemp(dir=w.path))  # as the saved latency model's folder is made
+            (model / "booster.json").write_text("{}")
+            (w.path / "model_b1.so").write_bytes(b"lib")
+            w.commit({"libraries": {"1": "model_b1.so"}})
     finally:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "artifact").stat().st_mode) == 0o755
+    assert stat.S_IMODE((tmp_path / "artifact" / model.name).stat().st_mode) == 0o755
 
 
 def test_a_killed_writers_temporary_folder_is_swept(tmp_path):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
+import stat
 from pathlib import Path
 
 import pytest
@@ -375,7 +377,13 @@ def test_saved_model_round_trips_without_pickle(trained_model, tmp_path):
     from cost_models.latency_model import load_latency_model, samples, save_latency_model
 
     model, target, _ = trained_model
-    save_latency_model(model, tmp_path / "m", target)
+    old = os.umask(0o022)
+    try:
+        save_latency_model(model, tmp_path / "m", target)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "m").stat().st_mode) == 0o755, "another user could not warm-start from it"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"], "a staging folder was left behind"
     with np.load(tmp_path / "m" / "data.npz", allow_pickle=False) as data:
         assert data["features"].shape[1] == 164
     again = load_latency_model(tmp_path / "m", target, 2)
