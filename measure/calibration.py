@@ -16,6 +16,7 @@ import os
 import platform
 import re
 import statistics
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -101,9 +102,19 @@ def calibrate(engine: Any, target: Any, candidates: Sequence[Candidate], levels:
 
 
 def save_calibration(result: dict[str, Any], path: Path) -> Path:
-    """Write atomically: a half-written calibration must never be read as one."""
+    """Write atomically: a half-written calibration must never be read as one.
+
+    The temporary file comes from ``mkstemp`` (a fresh name, opened exclusively), so a second
+    calibration or a link planted in a shared folder cannot take it over. (``results.atomic`` does
+    the same for the other packages; ``measure`` may not import ``results``.)
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=2))
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=2)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
     return path

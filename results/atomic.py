@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import os
+import stat
 import tempfile
 from pathlib import Path
+from typing import Any
 
 
 def current_umask() -> int:
@@ -25,15 +28,28 @@ def current_umask() -> int:
 def write_atomically(path: str | Path, data: str | bytes) -> None:
     """Write ``data`` (text as UTF-8) to a temporary file beside ``path``, then rename it over ``path``.
 
-    The file gets the permissions a plain ``open`` would give it (``mkstemp`` makes it owner-only).
+    The file keeps the mode of the file it replaces, or gets the one a plain ``open`` would give a new
+    file (``mkstemp`` makes it owner-only). ``mkstemp`` also never follows a link or reuses a name,
+    so neither a planted link nor a second writer can take the temporary file over.
     """
     path = Path(path)
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        mode = 0o666 & ~current_umask()
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode("utf-8") if isinstance(data, str) else data)
-            os.fchmod(f.fileno(), 0o666 & ~current_umask())
+            os.fchmod(f.fileno(), mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def save_figure(figure: Any, path: str | Path) -> None:
+    """Write a matplotlib ``figure`` to ``path`` as PNG, atomically (a plot is rewritten while a run goes on)."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=110)
+    write_atomically(path, buffer.getvalue())

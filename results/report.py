@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from results.atomic import save_figure
 from results.profile import Profile
 
 
@@ -64,7 +65,7 @@ def plot_tuning_curve(measurements: Sequence[dict[str, Any]], weights: dict[str,
     model.step(total_x, total_y, where="post", color="black")
     model.set(xlabel="trials (all tasks)", ylabel="estimated model latency (ms)", title="Sum of weight x task best")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)
 
 

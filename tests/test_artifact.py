@@ -185,3 +185,11 @@ def test_an_atomic_write_gets_the_mode_a_plain_open_would(tmp_path, umask, mode)
     finally:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "y.npy").stat().st_mode) == mode
+
+
+def test_an_atomic_write_keeps_the_mode_of_the_file_it_replaces(tmp_path):
+    path = tmp_path / "preds.npy"
+    path.write_bytes(b"old")
+    path.chmod(0o600)  # made private on purpose
+    write_atomically(path, b"new")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and path.read_bytes() == b"new"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
@@ -161,6 +162,20 @@ def test_calibration_bounds_the_mean_error_the_controller_bounds(tmp_path, monke
     stale = {k: v for k, v in result.items() if k != "error_statistic"}  # a curve of medians, saved before
     path.write_text(json.dumps(stale))
     assert load_calibration(slot, 2) is None
+
+
+def test_a_calibration_is_saved_through_a_fresh_temporary_file_not_a_link_planted_beside_it(tmp_path):
+    """Another user who can write the folder plants ``<name>.tmp`` as a link to a victim file: saving must
+    neither write through it nor leave a temporary file behind."""
+    from measure.calibration import save_calibration
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    (tmp_path / "cal.tmp").symlink_to(victim)
+    save_calibration({"curve": {}}, tmp_path / "cal.json")
+    assert victim.read_text() == "precious"
+    assert json.loads((tmp_path / "cal.json").read_text()) == {"curve": {}}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cal.json", "cal.tmp", "victim"]
 
 
 def test_the_final_ranking_re_times_at_most_k_more_candidates_each_time():

@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from results.atomic import save_figure
+
 ROLLING_S = 5.0  # the p99 at t is over the queries that arrived in the preceding window of this length
 
 
@@ -69,7 +71,5 @@ def plot_live(record: dict[str, Any], path: Path) -> None:
     tail.set_xlabel("seconds")
     tail.legend(loc="upper left", fontsize="small")
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)
-    tmp.replace(path)

@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from results.atomic import save_figure
+
 
 def plot_timeline(record: dict[str, Any], path: Path) -> None:
-    """Two panels sharing the time axis; joins are marked. Written to a temporary file, then renamed."""
+    """Two panels sharing the time axis; joins are marked. Written atomically."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -35,7 +37,5 @@ def plot_timeline(record: dict[str, Any], path: Path) -> None:
         for ax in (top, bottom):
             ax.axvline(at, color="grey", lw=0.5, ls=":")
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)
-    tmp.replace(path)
