@@ -7,7 +7,8 @@ already holds, and with the budgets, stops and screened proposals that run saved
 it, (4) hand a whole round, from all tasks, to the measurement engine at once, and
 (5) apply the policies it is given: a candidate filter before anything is built,
 preemption after each round, and an energy ledger that bills the job. Records go to a
-``JSONDatabase`` as they are measured, so a killed job loses nothing it finished. At the
+``JSONDatabase`` as each round's measurements come back, so a killed job loses at most the round
+it was measuring (a last line the kill tore is mended before the next run opens it). At the
 end, each task's top candidates are timed again in isolation and a ranked copy of the
 database (``ranked/``) carries those values: that is the database compilation and the
 artifact use.
@@ -37,6 +38,7 @@ from measure.engine import Candidate, Measurement, MeasurementEngine, PhaseWork
 from results.atomic import write_atomically
 
 MEASUREMENTS_LOG = "measurements.jsonl"
+DATABASE_FILES = ("database_workload.json", "database_tuning_record.json")  # what JSONDatabase(work_dir=) appends to
 PROGRESS = "progress.json"  # what a resumed run cannot read back from the database (``TuningSession._save_progress``)
 PROGRESS_SCHEMA = 1
 RANKED_DIR = "ranked"
@@ -172,13 +174,15 @@ class TuningSession:
         started = time.monotonic()
         self.energy.start()
         os.makedirs(self.work_dir, exist_ok=True)
+        for name in DATABASE_FILES:
+            _mend_torn_line(os.path.join(self.work_dir, name))
         database = JSONDatabase(work_dir=self.work_dir)
         self._load_known(database)
         if self.observer:
             self.observer.on_tuning_start(self.states, self.warning)
         searches = {s.task.name: self._start_task(s, database) for s in self.states if s.remaining > 0}
         log_path = os.path.join(self.work_dir, MEASUREMENTS_LOG)
-        _end_torn_line(log_path)
+        _mend_torn_line(log_path)
         with open(log_path, "a", encoding="utf-8") as log:
             while searches and not self._out_of_time(started) and not self.stop_reason:
                 self._round(searches, database, log, started)
@@ -382,10 +386,10 @@ class TuningSession:
                     "score": round(predicted, 4) if plan.trained else None,
                     "origin": origin, "explored": explored,  # explored: measured as the filter's random sample
                 }) + "\n")
+                log.flush()  # each record as it is committed: a kill leaves none in the database unlogged
             results.append(RunnerResult([m.latency], None) if m.ok else RunnerResult(None, m.error))
             latencies.append(m.latency)
             improved.append(better)
-        log.flush()
         return results, latencies, improved
 
     def _records_by_task(self, database: Any) -> dict[str, tuple[list[Any], int]]:
@@ -436,12 +440,14 @@ class TuningSession:
             "schema_version": PROGRESS_SCHEMA, "job_stopped": self.stop_reason,
             "tasks": {s.task.name: {"planned": s.planned, "budget": s.budget, "screened": s.screened,
                                     "stopped": s.stopped} for s in self.states},
+            "preemption": {"name": self.preemption.name, "state": self.preemption.state()},
         }
         write_atomically(os.path.join(self.work_dir, PROGRESS), json.dumps(progress, indent=2))
 
     def _restore_progress(self) -> None:
         """Take back the earlier run's ``PROGRESS``: its screened proposals used trials of their budgets, and,
-        for the same job (the same tasks planned the same budgets), its stops and budgets handed over hold.
+        for the same job (the same tasks planned the same budgets), its stops, budgets handed over and
+        preemption counts hold.
 
         A job planned otherwise (another ``--trials``) keeps its own budgets and searches again where the
         earlier run had stopped: its stops were counted on budgets it no longer has.
@@ -470,6 +476,17 @@ class TuningSession:
                     state.budget, state.stopped = budget, stopped
         if same_job:
             self.stop_reason = job_stopped
+            self._restore_preemption(progress.get("preemption"), path)
+
+    def _restore_preemption(self, saved: Any, path: str) -> None:
+        """The same job's preemption counts since the last gains go on, where the policy is the same one."""
+        if not isinstance(saved, dict) or saved.get("name") != self.preemption.name:
+            return
+        try:
+            self.preemption.restore(saved["state"])
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            unused = f"{path}: preemption state not used ({type(err).__name__}: {err}); its counts start afresh"
+            self.warning = f"{self.warning}; {unused}" if self.warning else unused
 
     def _rank(self, database: Any) -> Any:
         """Re-time each task's best candidates alone, in turns, and write ``ranked/``: all records, re-timed
@@ -523,8 +540,7 @@ class TuningSession:
             }
         shutil.rmtree(final, ignore_errors=True)
         os.replace(staging, final)
-        with open(os.path.join(self.work_dir, RANKING), "w", encoding="utf-8") as f:
-            json.dump(self.ranking, f, indent=2)
+        write_atomically(os.path.join(self.work_dir, RANKING), json.dumps(self.ranking, indent=2))
         return JSONDatabase(work_dir=final)
 
 
@@ -557,11 +573,27 @@ def _mean(secs: Any) -> float:
     return sum(values) / len(values) if values else math.inf
 
 
-def _end_torn_line(path: str) -> None:
-    """End a last line that a killed job left unfinished, so the next record starts a line of its own."""
+def _mend_torn_line(path: str) -> None:
+    """Mend a last line that a killed job left without its newline: a whole JSON record gets its newline, a
+    part of one is cut off (it was never a finished record). Either way the next record starts a line of its
+    own; and TVM refuses a whole tuning database for one partial line."""
     if not os.path.exists(path) or os.path.getsize(path) == 0:
         return
     with open(path, "rb+") as f:
-        f.seek(-1, os.SEEK_END)
-        if f.read(1) != b"\n":
+        end = f.seek(0, os.SEEK_END)
+        f.seek(end - 1)
+        if f.read(1) == b"\n":
+            return
+        start, tail = end, b""
+        while start > 0 and b"\n" not in tail:
+            start = max(0, start - 65536)
+            f.seek(start)
+            tail = f.read(end - start)
+        cut = start + tail.rfind(b"\n") + 1  # where the last line begins (0: the file is one line)
+        f.seek(cut)
+        try:
+            json.loads(f.read())
+        except ValueError:
+            f.truncate(cut)
+        else:
             f.write(b"\n")

@@ -143,15 +143,16 @@ def test_an_artifact_without_a_profile_says_so(tmp_path):
         open_artifact(tmp_path / "artifact").profile
 
 
-def test_a_torn_log_line_is_ended_and_passed_over(tmp_path):
+def test_a_torn_log_line_is_cut_and_the_next_run_s_records_survive(tmp_path):
     """A job killed mid-write leaves a partial line; the next run's records and the report survive it."""
-    from autotune.session import _end_torn_line
+    from autotune.session import _mend_torn_line
     from results.report import plot_tuning_curve, read_measurements
 
     log = tmp_path / "measurements.jsonl"
     first = {"task": "dense", "trial": 1, "latency_s": 2e-3}
     log.write_text(json.dumps(first) + "\n" + '{"task": "dense", "tri')
-    _end_torn_line(str(log))
+    _mend_torn_line(str(log))
+    assert log.read_text() == json.dumps(first) + "\n"
     with open(log, "a", encoding="utf-8") as f:
         f.write(json.dumps({"task": "dense", "trial": 2, "latency_s": 1e-3}) + "\n")
         f.write(json.dumps({"task": "conv_of_an_earlier_shape", "trial": 1, "latency_s": 5e-3}) + "\n")

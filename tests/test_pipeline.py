@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import replace
 
@@ -87,6 +88,24 @@ def test_resume_measures_nothing_known(tuned_run, tmp_path):
     assert more.manifest["tuning"]["trials"] == SMALL_TRIALS + 3
     after = _candidate_hashes(run_dir / "tuning")
     assert len(after) == len(set(after)) == SMALL_TRIALS + 3, "a known candidate was measured twice"
+
+
+@pytest.mark.parametrize("torn_bytes, records_lost", [(100, 1), (1, 0)])
+def test_a_database_line_torn_by_a_kill_is_mended_before_the_database_is_opened(tuned_run, tmp_path, torn_bytes,
+                                                                                records_lost):
+    """TVM writes a record, then its newline: a kill in between, or inside the record, leaves a last line that
+    makes the whole database unreadable (TVM refuses it). Part of a record is cut; a whole one gets its newline."""
+    from tvm.s_tir.meta_schedule.database import JSONDatabase
+
+    from autotune.session import DATABASE_FILES, _mend_torn_line
+
+    work = shutil.copytree(tuned_run.artifact.parent / "tuning", tmp_path / "tuning")
+    records = work / DATABASE_FILES[1]
+    whole = len(records.read_text().splitlines())
+    with open(records, "rb+") as f:
+        f.truncate(f.seek(0, os.SEEK_END) - torn_bytes)
+    _mend_torn_line(str(records))
+    assert len(JSONDatabase(work_dir=str(work)).get_all_tuning_records()) == whole - records_lost
 
 
 def test_stock_tvm_compiles_with_saved_database(tuned_run):
