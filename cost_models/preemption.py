@@ -96,6 +96,17 @@ class Preemption(ABC):
     def report(self) -> dict[str, Any]:
         return {"preemption": self.name}
 
+    def state(self) -> dict[str, Any]:
+        """What a resumed job needs to go on counting where this one stopped (JSON-safe)."""
+        return {}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Take back ``state`` from the earlier run of the same job.
+
+        Raises:
+            ValueError, KeyError, TypeError: ``state`` is not what ``state`` gives.
+        """
+
 
 class NeverPreempt(Preemption):
     """Every task uses its whole budget."""
@@ -171,6 +182,25 @@ class PlateauPreemption(Preemption):
         return {"preemption": self.name, "rule": self.rule, "stopped_tasks": dict(self.stopped),
                 "model_latency_history_s": self._history}
 
+    def state(self) -> dict[str, Any]:
+        """Each task's and the job's counts since their last gain: without them a resumed job waits its whole
+        patience again, and a job killed more often than that would never stop a task."""
+        return {"counts": self.counts, "counted": dict(self._counted), "live_index": self._live_index,
+                "stopped": dict(self.stopped),
+                "tasks": {task: [p.reference, p.since_gain] for task, p in self._task_flat.items()},
+                "model": [self._model_flat.reference, self._model_flat.since_gain]}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        if state["counts"] != self.counts:
+            raise ValueError(f"the earlier run counted {state['counts']}, this one counts {self.counts}")
+        tasks = {str(task): _Plateau(self.min_improvement, float(ref), _count(since))
+                 for task, (ref, since) in state["tasks"].items()}
+        model = _Plateau(self.min_improvement, float(state["model"][0]), _count(state["model"][1]))
+        counted = {str(task): int(n) for task, n in state["counted"].items()}
+        live_index, stopped = float(state["live_index"]), {str(k): str(v) for k, v in state["stopped"].items()}
+        self._task_flat, self._model_flat, self._counted = tasks, model, counted
+        self._live_index, self.stopped = live_index, stopped
+
     @property
     def rule(self) -> str:
         """The rule as this job applies it (before its first round, as a job of several tasks would)."""
@@ -184,6 +214,13 @@ class PlateauPreemption(Preemption):
         share = self._share(tasks)
         return rule + (f", both at least {share:.0%} of the planned budget" if share else "") + (
             " (a job of one task)" if tasks == 1 and share != self.patience_share else "")
+
+
+def _count(value: Any) -> float:
+    """A saved count, as it was saved (a task's proposals stay whole numbers in its stop reason)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ValueError(f"a count must be a number of at least 0; got {value!r}")
+    return value
 
 
 @dataclass

@@ -554,9 +554,9 @@ def test_saved_models_load_first_whatever_the_order_and_a_refused_one_falls_back
 # -- a resumed run folder ---------------------------------------------------------------------------
 
 
-def _resumed(work_dir: Path, task, budgets: dict[str, int]):
-    """A session over ``work_dir`` for tasks "mm" (the matmul of ``task``) and "dense", with ``budgets``,
-    that has loaded what the folder holds."""
+def _resumed(work_dir: Path, task, budgets: dict[str, int], preemption=None):
+    """A session over ``work_dir`` for tasks "mm" (the matmul of ``task``) and "dense", with ``budgets``
+    (and ``preemption``, if given), that has loaded what the folder holds."""
     from tvm.s_tir.meta_schedule.database import JSONDatabase
 
     from autotune.session import TaskState, TuningSession
@@ -567,7 +567,8 @@ def _resumed(work_dir: Path, task, budgets: dict[str, int]):
     ctx, _ = task
     mods = {"mm": ctx.mod, "dense": kernel("dense_bert")}
     session = TuningSession([TaskState(Task(name, mods[name], 1, 1.0), budget) for name, budget in budgets.items()],
-                            ctx.target, "cpu", engine=None, cost_model=create_latency_model(2), work_dir=str(work_dir))
+                            ctx.target, "cpu", engine=None, cost_model=create_latency_model(2), work_dir=str(work_dir),
+                            **({"preemption": preemption} if preemption else {}))
     work_dir.mkdir(parents=True, exist_ok=True)
     database = JSONDatabase(work_dir=str(work_dir))
     session._load_known(database)
@@ -612,6 +613,25 @@ def test_a_resumed_run_keeps_its_stops_hand_overs_and_screened_proposals(matmul_
     more, _ = _resumed(tmp_path, matmul_task, {"mm": 10, "dense": 10})
     mm, dense = more.states
     assert (mm.budget, mm.screened, mm.stopped, dense.budget, dense.screened) == (10, 2, "", 10, 3)
+
+
+def test_a_resumed_job_goes_on_counting_its_preemption_patience(matmul_task, tmp_path):
+    """Counts since the last gain survive a kill: a job killed more often than its patience would never stop."""
+    ctx, _ = matmul_task
+    _commit_records(tmp_path, matmul_task, ctx.target, [3e-3])
+    killed, _ = _resumed(tmp_path, matmul_task, {"mm": 400, "dense": 400}, PlateauPreemption(task_patience=96))
+    for proposed in (40, 80, 120):  # mm gains once, then 80 flat; dense keeps gaining
+        killed.preemption.after_round([TaskRound("mm", 2e-3 if proposed > 40 else 3e-3, 2e-3, proposed, budget=400),
+                                       TaskRound("dense", 1.0 / proposed, 0.9 / proposed, proposed, budget=400)], 1.0)
+    killed._save_progress()
+    again, _ = _resumed(tmp_path, matmul_task, {"mm": 400, "dense": 400}, PlateauPreemption(task_patience=96))
+    assert again.preemption.state() == killed.preemption.state() and not again.warning
+    decision = again.preemption.after_round([TaskRound("mm", 2e-3, 2e-3, 140, budget=400),
+                                             TaskRound("dense", 1e-3, 0.9e-3, 140, budget=400)], 1.0)
+    assert decision.stop_tasks == {"mm": "no gain in its last 100 proposals"}  # 80 before the kill, 20 after
+    counted_otherwise = PlateauPreemption(task_patience=96, counts="measurements")
+    fresh, _ = _resumed(tmp_path, matmul_task, {"mm": 400, "dense": 400}, counted_otherwise)
+    assert fresh.preemption.state()["tasks"] == {} and "preemption state not used" in fresh.warning
 
 
 def test_the_artifact_carries_the_model_and_the_bill(tuned_run):
