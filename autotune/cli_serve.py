@@ -130,6 +130,10 @@ def qoe_run(
         return
     out = out or QOE_RUNS / scenario.name
     record = _run(scenario, out, quiet or as_json)
+    if record["interrupted"]:
+        err_console.print(f"interrupted after {record['wall_s']:g} s of {scenario.duration_s:g}: the containers are "
+                          f"stopped, the partial record is in {out}", highlight=False)
+        raise typer.Exit(130)
     if as_json:
         print(json.dumps({"run": str(out), **record["summary"], "requests": record["requests"]}, indent=2))
     else:

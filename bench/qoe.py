@@ -103,7 +103,10 @@ def run_arm(backend: Any, scenario: Any, runs_dir: Path) -> dict[str, Any]:
     run_dir = runs_dir / scenario.name
     shutil.rmtree(run_dir, ignore_errors=True)
     print(f"[qoe] {scenario.name} ({scenario.duration_s:.0f} s) ...", file=sys.stderr, flush=True)
-    return row_from_record(run_scenario(scenario, run_dir, backend=backend), runs_dir)
+    record = run_scenario(scenario, run_dir, backend=backend)
+    if record["interrupted"]:  # a run cut short is no row of the table: the benchmark stops with it
+        raise KeyboardInterrupt
+    return row_from_record(record, runs_dir)
 
 
 def row_from_record(record: dict[str, Any], runs_dir: Path) -> dict[str, Any]:
@@ -213,8 +216,10 @@ def rebuild(report: dict[str, Any]) -> None:
     """Recompute every block's rows and verdict from its runs' records (first run: runs/, reruns: reruns/N/)."""
     for i, block in enumerate([report, *report.get("reruns", [])]):
         runs_dir = WORK / "runs" if i == 0 else WORK / "reruns" / str(i)
-        block["runs"] = {name: row_from_record(json.loads((runs_dir / name / "qoe.json").read_text()), runs_dir)
-                         for name in block["runs"] if (runs_dir / name / "qoe.json").is_file()}
+        records = {name: json.loads((runs_dir / name / "qoe.json").read_text())
+                   for name in block["runs"] if (runs_dir / name / "qoe.json").is_file()}
+        block["runs"] = {name: row_from_record(record, runs_dir) for name, record in records.items()
+                         if not record.get("interrupted")}
         block["verdict"] = verdict(block["runs"])
 
 

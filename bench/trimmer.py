@@ -267,6 +267,12 @@ def _unlike_main(report: dict[str, Any], name: str, setup: tuple[int, str], tag:
     return f" ({', '.join(parts)})" if parts else ""
 
 
+def _arm_runs(result: dict[str, Any]) -> dict[str, tuple[Any, ...]]:
+    """What tells a result's arm runs apart: ``--resume`` keeps an arm and re-times it, which changes its
+    latency, not what the run itself spent and measured."""
+    return {arm: (r.get("wall_s"), r.get("cpu_s"), r.get("measured")) for arm, r in result["arms"].items()}
+
+
 def pooled_runs(report: dict[str, Any]) -> dict[tuple[str, tuple[int, str]], list[dict[str, Any]]]:
     """Each workload's compared run and reruns, by (workload, (budget, rule)), in the order they ran."""
     groups: dict[tuple[str, tuple[int, str]], list[dict[str, Any]]] = {}
@@ -461,7 +467,9 @@ def main() -> None:
             continue
         recorded = report["workloads"].get(name)
         if args.rerun:
-            report.setdefault("reruns", {}).setdefault(name, []).append(result)
+            reruns = report.setdefault("reruns", {}).setdefault(name, [])
+            reruns[:] = [w for w in reruns if _arm_runs(w) != _arm_runs(result)]  # a resumed run counts once
+            reruns.append(result)
         else:
             if recorded and _setup(recorded) != _setup(result):  # another budget or rule: keep the old runs, marked
                 report.setdefault("superseded", {}).setdefault(name, []).extend(

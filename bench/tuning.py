@@ -15,10 +15,12 @@ The final bests are then re-measured side by side, in turns. Writes results/benc
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -29,20 +31,32 @@ from bench.workloads import WORKLOADS
 from results.atomic import write_atomically
 
 ARMS = ("stock", "warm_stock", "autotune")
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 REACH_TOLERANCE = 0.03  # "equal quality": within the 3% the issue allows for the final best
 OUT_DIR = Path("results/bench")
 
 
+def _die_with_parent() -> None:
+    """Run in the arm's process before it starts: the kernel kills it when the benchmark dies, however it dies
+    (an arm left running would tune on beside a resumed benchmark's new arm, in the folder it was given)."""
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def _run_json(args: list[str], timeout_s: float | None) -> tuple[dict[str, Any] | None, str]:
+    """Run ``python -m args`` in a session of its own; its last stdout line is its JSON result."""
     started = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, preexec_fn=_die_with_parent)
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
+        os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
         return None, f"no result within {time.monotonic() - started:.0f} s (killed)"
+    except BaseException:  # Ctrl-C: the arm and its workers go with the benchmark
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
     if proc.returncode != 0:
         return None, (err.strip().splitlines() or ["exit %d" % proc.returncode])[-1]
     return json.loads(out.strip().splitlines()[-1]), ""

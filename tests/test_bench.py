@@ -252,3 +252,45 @@ def test_the_qoe_table_prints_each_runs_own_targets(tmp_path):
     assert "First run: fastest mean server time alone mlp 2.00 ms, bert_ffn 20.00 ms; targets (ms) mlp-0 1.6," in text
     assert "Rerun: fastest mean server time alone mlp 3.00 ms, bert_ffn 30.00 ms; targets (ms) mlp-0 2.4," in text
     assert "bert_ffn-5 180.0." in text
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its reaper does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_benchmark_arm_dies_with_the_benchmark_however_it_is_killed():
+    """An arm left running would tune on beside the resumed benchmark's new arm, in the same folder."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    arm = "['http.server', '--bind', '127.0.0.1', '0']"  # any module that runs until it is killed
+    benchmark = subprocess.Popen([sys.executable, "-c", f"from bench.tuning import _run_json; _run_json({arm}, None)"],
+                                 cwd=Path(__file__).resolve().parents[1])
+    children = Path(f"/proc/{benchmark.pid}/task/{benchmark.pid}/children")
+    deadline = time.monotonic() + 30
+    while not children.read_text().split() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (child,) = map(int, children.read_text().split())
+    benchmark.kill()
+    benchmark.wait()
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child), "the arm outlived the benchmark"
+
+
+def test_a_resumed_rerun_is_told_from_another_run_by_what_its_arms_spent_not_by_its_re_timing():
+    from bench.trimmer import _arm_runs
+
+    run = {"arms": {"engine": {"wall_s": 475.2, "cpu_s": 403.4, "measured": 1000, "final_latency_s": 1.1e-3},
+                    "trimmer": {"wall_s": 214.0, "cpu_s": 132.0, "measured": 307, "final_latency_s": 0.9e-3}}}
+    retimed = {"arms": {arm: {**r, "final_latency_s": r["final_latency_s"] * 1.01} for arm, r in run["arms"].items()}}
+    another = {"arms": {**run["arms"], "trimmer": {**run["arms"]["trimmer"], "wall_s": 230.5}}}
+    assert _arm_runs(retimed) == _arm_runs(run) and _arm_runs(another) != _arm_runs(run)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -207,7 +208,7 @@ def test_a_run_with_no_container_to_manage_waits_instead_of_spinning(tmp_path: P
     scenario = Scenario("empty", 1.0, (late,), schedule=Schedule("random", window_s=3600.0))
     cpu = time.thread_time()
     record = run_scenario(scenario, tmp_path / "run", backend=SimulatedHost(2.0, {"late": 20.0}))
-    assert record["joined_at"] == {} and record["wall_s"] >= 1.0
+    assert record["joined_at"] == {} and record["wall_s"] >= 1.0 and record["interrupted"] is False
     assert time.thread_time() - cpu < 0.25  # busy-waiting for the join took the whole second
 
 
@@ -268,7 +269,7 @@ def test_sigterm_ends_a_run_as_ctrl_c_does(tmp_path: Path, monkeypatch: pytest.M
         record = run_scenario(Scenario("term", 8.0, plans, interval_s=1.0), tmp_path / "run", backend=host)
         assert time.monotonic() - started < 4 and received == []
         assert set(record["joined_at"]) == {"a", "b"} and host.containers == {}  # joined, then stopped
-        assert (tmp_path / "run" / "qoe.json").is_file()
+        assert json.loads((tmp_path / "run" / "qoe.json").read_text())["interrupted"] is True  # no full run
         assert signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN  # the handler it had is back
         os.kill(os.getpid(), signal.SIGTERM)
         assert received == [signal.SIGTERM]

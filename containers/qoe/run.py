@@ -66,6 +66,7 @@ def run_scenario(scenario: Scenario, run_dir: Path, events: RunEvents | None = N
     loads: dict[str, LoadClient] = {}
     joined_at: dict[str, float] = {}
     started = time.monotonic()
+    interrupted = False
     with sigterm_as_interrupt():  # as Ctrl-C: the containers are stopped, the record written
         try:
             next_step = 0.0
@@ -96,6 +97,7 @@ def run_scenario(scenario: Scenario, run_dir: Path, events: RunEvents | None = N
                     manager.wake.clear()
                     next_step = min(next_step, time.monotonic() - started + 0.5)  # a target changed: look again soon
         except KeyboardInterrupt:
+            interrupted = True
             events.on_event("interrupted: stopping the containers")
         finally:
             records = {name: load.stop() for name, load in loads.items()}
@@ -103,6 +105,7 @@ def run_scenario(scenario: Scenario, run_dir: Path, events: RunEvents | None = N
             final = manager.status()
             backend.close()
     record = _record(scenario, manager, final, records, joined_at, time.monotonic() - started)
+    record["interrupted"] = interrupted  # cut short before its duration (a serve without one ends so)
     write_atomically(run_dir / RECORD, json.dumps(record, indent=2, default=str))
     from containers.qoe.timeline import plot_timeline
 
