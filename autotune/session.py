@@ -577,22 +577,15 @@ def _mend_torn_line(path: str) -> None:
     """Mend a last line that a killed job left without its newline: a whole JSON record gets its newline, a
     part of one is cut off (it was never a finished record). Either way the next record starts a line of its
     own; and TVM refuses a whole tuning database for one partial line."""
-    if not os.path.exists(path) or os.path.getsize(path) == 0:
+    if not os.path.exists(path):
         return
     with open(path, "rb+") as f:
-        end = f.seek(0, os.SEEK_END)
-        f.seek(end - 1)
-        if f.read(1) == b"\n":
+        data = f.read()
+        if not data or data.endswith(b"\n"):
             return
-        start, tail = end, b""
-        while start > 0 and b"\n" not in tail:
-            start = max(0, start - 65536)
-            f.seek(start)
-            tail = f.read(end - start)
-        cut = start + tail.rfind(b"\n") + 1  # where the last line begins (0: the file is one line)
-        f.seek(cut)
+        cut = data.rfind(b"\n") + 1  # where the last line begins (0: the file is one line)
         try:
-            json.loads(f.read())
+            json.loads(data[cut:])
         except ValueError:
             f.truncate(cut)
         else:

@@ -80,13 +80,14 @@ class ArtifactWriter:
         (``mkdtemp`` made this one owner-only, and a saved latency model's was too), so a server
         running as another user can read, and so verify, every file the manifest lists.
         """
-        files = sorted(p for p in self.path.rglob("*") if p.is_file())
+        entries = list(self.path.rglob("*"))
+        files = sorted(p for p in entries if p.is_file())
         manifest = {"schema_version": SCHEMA_VERSION, **manifest}
         manifest["files"] = {str(p.relative_to(self.path)): sha256_of(p) for p in files}
         with open(self.path / MANIFEST, "w", encoding="utf-8") as f:
             json.dump(manifest, f, indent=2)
         mode = 0o777 & ~current_umask()
-        for folder in [self.path, *(p for p in self.path.rglob("*") if p.is_dir() and not p.is_symlink())]:
+        for folder in [self.path, *(p for p in entries if p.is_dir() and not p.is_symlink())]:
             os.chmod(folder, mode)
         if self.final_dir.exists():
             _exchange(self.path, self.final_dir)  # the old artifact is now at self.path, removed on exit

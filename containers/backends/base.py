@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from containers.errors import ContainerError
 
@@ -201,11 +201,16 @@ def wait_healthy(spec: ContainerSpec, timeout_s: float, alive: Callable[[], bool
     raise ContainerError(f"container {spec.name} did not answer {spec.url}/health within {timeout_s:.0f} s ({last})")
 
 
-def _health_name(reply: Response) -> str | None:
-    """The ``name`` a ``/health`` reply gives, or None when it is not a model server's reply."""
+def reply_object(reply: Response) -> dict[str, Any] | None:
+    """A reply's JSON object, or None when its body is not one (another program may answer on a port)."""
     try:
         document = reply.json()
     except ValueError:
         return None
-    name = document.get("name") if isinstance(document, dict) else None
+    return document if isinstance(document, dict) else None
+
+
+def _health_name(reply: Response) -> str | None:
+    """The ``name`` a ``/health`` reply gives, or None when it is not a model server's reply."""
+    name = (reply_object(reply) or {}).get("name")
     return name if isinstance(name, str) else None

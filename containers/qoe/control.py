@@ -14,15 +14,13 @@ import socket
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import quote
 
-from results.atomic import write_atomically
+from containers.backends.base import reply_object
 from containers.errors import ContainerError, ScenarioError, UnknownContainer
 from containers.qoe.analyst import QoeAnalyst
-
-if TYPE_CHECKING:
-    from requests import Response
+from results.atomic import write_atomically
 
 STATUS_FILE = "status.json"
 
@@ -120,7 +118,7 @@ def change_target(run_dir: Path, name: str, target_ms: float | None) -> dict[str
             url, json={"target_ms": target_ms}, timeout=5)
     except requests.RequestException as err:
         raise ContainerError(f"the QoE manager at {status['control_url']} is not answering: {type(err).__name__}") from None
-    document = _json_object(reply)
+    document = reply_object(reply)
     error = document.get("error") if document else None
     if reply.status_code == 404:  # the analyst's line, or the router's plain "Not Found" for a path it has no route to
         raise UnknownContainer(error if isinstance(error, str) else f"no container named {name!r}")
@@ -129,15 +127,6 @@ def change_target(run_dir: Path, name: str, target_ms: float | None) -> dict[str
     if document is None:
         raise ContainerError(f"the QoE manager at {status['control_url']} answered with something other than JSON")
     return document
-
-
-def _json_object(reply: Response) -> dict[str, Any] | None:
-    """A reply's JSON object, or None when its body is not one."""
-    try:
-        document = reply.json()
-    except ValueError:
-        return None
-    return document if isinstance(document, dict) else None
 
 
 def _alive(pid: Any) -> bool:
