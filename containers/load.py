@@ -171,8 +171,9 @@ class LoadClient:
     def stop(self) -> list[RequestRecord]:
         """Stop sending, wait for requests in flight, and return every record.
 
-        An open loop's arrivals still queued for a free sender (more due than ``concurrency`` allows in flight)
-        are not sent; each is recorded as failed (``NOT_SENT``), its latency the wait until the stop.
+        An open loop's arrivals due before the stop and still waiting (for a free sender: more due than
+        ``concurrency`` allows in flight; or to be queued, on a busy host) are not sent; each is recorded as
+        failed (``NOT_SENT``), its latency the wait until the stop.
         """
         self._stop.set()
         for t in self._threads:
@@ -215,17 +216,25 @@ class LoadClient:
             self._send(local.clients, due)
 
         due = time.monotonic()
+        gaps = iter(arrivals.gaps(np.random.default_rng(self.seed)))
         queued: list[tuple[Future[None], float]] = []
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
-            for gap in arrivals.gaps(np.random.default_rng(self.seed)):
+            for gap in gaps:
                 due += gap
                 if self._stop.wait(max(due - time.monotonic(), 0)):
                     break
                 queued.append((pool.submit(send, due), due))
-            self._stop.wait()  # a trace that ran out still sends its backlog, until stopped
+            else:
+                self._stop.wait()  # a trace that ran out still sends its backlog, until stopped
+                due = math.inf
+            halted = time.monotonic()
             pool.shutdown(cancel_futures=True)  # stopped: what is in flight finishes, the backlog is not sent
+        unsent = [d for f, d in queued if f.cancelled()]
+        while due <= halted:  # due before the stop but not queued yet (a busy host): not sent either
+            unsent.append(due)
+            due += next(gaps, math.inf)
         stopped = time.monotonic()
-        self.records += [RequestRecord(d - self._t0, stopped - d, False, NOT_SENT) for f, d in queued if f.cancelled()]
+        self.records += [RequestRecord(d - self._t0, stopped - d, False, NOT_SENT) for d in unsent]
 
 
 def join_times(kind: str, count: int, interval_s: float = 30.0, window_s: float = 120.0, seed: int = 0) -> list[float]:

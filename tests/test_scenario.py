@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -135,6 +136,26 @@ def test_stopping_an_open_loop_does_not_send_its_backlog(monkeypatch: pytest.Mon
     assert answered and unsent and all(r.error == NOT_SENT for r in unsent)  # the backlog is on the record, not lost
     if isinstance(arrivals, Trace):
         assert len(records) == 200
+
+
+class _SlowlyDrawn(Arrivals):
+    """``count`` arrivals all due at once, drawn slowly, as on a busy host."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    def gaps(self, rng: np.random.Generator) -> Iterator[float]:
+        for _ in range(self.count):
+            time.sleep(0.01)
+            yield 0.0
+
+
+def test_arrivals_due_before_the_stop_are_on_the_record_even_if_not_yet_queued(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("containers.client.InferenceClient", SlowInferenceClient)
+    client = LoadClient(["http://127.0.0.1:9"], [], _SlowlyDrawn(60)).start()
+    time.sleep(0.2)  # about 20 of the 60 drawn
+    records = client.stop()
+    assert len(records) == 60 and sum(r.error == NOT_SENT for r in records) >= 30
 
 
 def test_arrival_processes_have_the_asked_rate_and_variability() -> None:
