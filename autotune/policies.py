@@ -33,6 +33,7 @@ class PolicySettings:
     filter_explore: float = TrimmerFilter.explore_share
     filter_min_tau: float = TrimmerFilter.min_tau
     filter_trust_rounds: int = TrimmerFilter.trust_rounds
+    filter_guided_pool: float = TrimmerFilter.guided_pool
     preemption: bool = True
     task_patience: int = PlateauPreemption.task_patience
     min_task_trials: int = PlateauPreemption.min_task_trials
@@ -61,7 +62,7 @@ class PolicySettings:
         if not self.filter:
             return MeasureAll()
         return TrimmerFilter(self.filter_threshold, self.filter_keep, self.filter_explore, self.filter_min_tau,
-                             self.filter_trust_rounds, seed)
+                             self.filter_trust_rounds, seed, self.filter_guided_pool)
 
     def preemption_policy(self) -> Preemption:
         if not self.preemption:

@@ -81,18 +81,21 @@ class TaskSearch:
         self._rng = np.random.default_rng(seed)
 
     def propose(self, n: int, parents: Sequence[tuple[Any, float]], seen: set[int], scorer: Scorer | None,
-                guided: bool) -> Proposal:
+                guided: bool, guided_n: int | None = None) -> Proposal:
         """Up to ``n`` candidates not in ``seen`` (structural hashes).
 
         Args:
             parents: the task's best measured (trace, latency in seconds), best first.
             scorer: the trained model's scores, higher is faster; None while it is untrained.
             guided: the model is trusted: hand the round to MetaSchedule's search.
+            guided_n: how many a guided round proposes (``n`` if None): its search costs the same whatever
+                it returns, so a filter may ask for more to choose from.
         """
         if guided:  # the search does not know what evolved rounds measured; if it brings nothing new, evolve
             fresh = [c for c in self.ctx.generate_measure_candidates() or [] if _hash(c) not in seen]
             if fresh:
-                return Proposal(fresh[:n], "guided", ["guided"] * min(n, len(fresh)))
+                fresh = fresh[: guided_n or n]
+                return Proposal(fresh, "guided", ["guided"] * len(fresh))
         if not parents:
             replays = self._draw(min(len(self._seeds), max(1, n // 2)), seen, self._replay)
             taken = seen | {_hash(c) for c in replays}

@@ -256,7 +256,7 @@ class TuningSession:
             # The session enforces each task's budget; the search's own cap only has to stay out of the way,
             # so that trials handed over from tasks that finish early can be used.
             max_trials=sum(s.budget for s in self.states),
-            num_trials_per_iter=state.round_size,
+            num_trials_per_iter=self.candidate_filter.guided_batch(state.round_size),
             design_spaces=spaces,
             database=database,
             cost_model=self.cost_model,
@@ -314,7 +314,8 @@ class TuningSession:
             proposal: Proposal = search.propose(
                 min(state.round_size, state.remaining), self._parents(state, database),
                 set(self._known[state.task.name]), (lambda cs: score(self.cost_model, ctx, cs)) if trained else None,
-                trained and self.guided_search and trusts_model(self.quality.recent_tau()))
+                trained and self.guided_search and trusts_model(self.quality.recent_tau()),
+                min(self.candidate_filter.guided_batch(state.round_size), state.remaining))
             candidates = proposal.candidates
             scores = score(self.cost_model, ctx, candidates)
         state.wall_s += time.monotonic() - t0

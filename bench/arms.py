@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 from bench.workloads import WORKLOADS, kernel, model_relax
+from autotune.policies import PolicySettings
 from cost_models.preemption import COUNTS
 
 
@@ -152,7 +153,8 @@ def _warm_builder(workers: int) -> Any:
 
 def autotune(workload: str, trials: int, work_dir: str, *, policies: str = "off", round_size: int | None = None,
              warm_start: str | None = None, target_name: str = "cpu", seed: int = 0,
-             patience_counts: str = COUNTS[0], guided_search: bool = True) -> dict[str, Any]:
+             patience_counts: str = COUNTS[0], guided_search: bool = True,
+             guided_pool: float = PolicySettings.filter_guided_pool) -> dict[str, Any]:
     """Our session (budget split, parallel engine, final ranking) on the same workload and budget.
 
     ``policies``: "off" (the engine alone), "trimmer" (candidate filter and preemption, defaults) or
@@ -167,7 +169,7 @@ def autotune(workload: str, trials: int, work_dir: str, *, policies: str = "off"
     import_meta_schedule()
     from autotune.budget import split_budget
     from autotune.pipeline import run_tuning
-    from autotune.policies import PolicySettings, build_policies
+    from autotune.policies import build_policies
     from autotune.session import MEASUREMENTS_LOG
     from measure.slots import local_gpu_ids
     from results.report import read_measurements
@@ -177,7 +179,8 @@ def autotune(workload: str, trials: int, work_dir: str, *, policies: str = "off"
     plan = split_budget(tasks, trials, floor=8)
     warnings: list[str] = []
     settings = PolicySettings(filter=policies == "trimmer", preemption=policies != "off",
-                              patience_counts=patience_counts, warm_start=(warm_start,) if warm_start else ())
+                              patience_counts=patience_counts, filter_guided_pool=guided_pool,
+                              warm_start=(warm_start,) if warm_start else ())
     chosen = build_policies(settings, target, spec.num_cores, 0, local_gpu_ids(None, spec.kind, spec.num_cores),
                             warnings.append)
     session, _ = run_tuning(tasks, plan, spec, target, work_dir, round_size=round_size, seed=seed,
@@ -241,11 +244,14 @@ if __name__ == "__main__":
     parser.add_argument("--patience-counts", choices=COUNTS, default=COUNTS[0], help="what preemption's patience counts")
     parser.add_argument("--guided-search", action=argparse.BooleanOptionalAction, default=True,
                         help="MetaSchedule's search takes rounds once the model ranks well (autotune.search)")
+    parser.add_argument("--guided-pool", type=float, default=PolicySettings.filter_guided_pool,
+                        help="the candidate filter's --filter-guided-pool")
     args = parser.parse_args()
     if args.arm == "autotune":
         out = autotune(args.workload, args.trials, args.work_dir, policies=args.policies, round_size=args.round_size,
                        warm_start=args.warm_start, target_name=args.target, seed=args.seed,
-                       patience_counts=args.patience_counts, guided_search=args.guided_search)
+                       patience_counts=args.patience_counts, guided_search=args.guided_search,
+                       guided_pool=args.guided_pool)
     else:
         out = stock(args.workload, args.trials, args.work_dir, warm=args.arm == "warm_stock", target_name=args.target)
     print(json.dumps(out))

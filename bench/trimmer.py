@@ -41,6 +41,7 @@ from bench.remeasure import BLOCK, ratio_interval
 from bench.tuning import _run_json
 from bench.workloads import WORKLOADS
 from results.atomic import write_atomically
+from cost_models.candidate_filter import TrimmerFilter
 from cost_models.preemption import COUNTS
 
 OUT_DIR = Path("results/bench")
@@ -60,16 +61,18 @@ WARM_ARMS = {"trimmer_warm": ("warm_start", "the first trimmer run's saved laten
              "trimmer_warm_run": ("warm_start_run", "the first trimmer run's folder: its saved model, and its "
                                   "database's best schedules leading each task's first round")}  # result key, from
 ARM_RESULT = "arm.json"  # an arm's command and result, in its work folder (what --resume keeps)
+GUIDED_POOL = TrimmerFilter.guided_pool
 TARGETS = {"device_s_saving": 0.40, "energy_saving": 0.40, "latency_ratio": 1.02, "drop_rate": 0.05}
 
 
 def bench_workload(name: str, work_root: Path, target: str = "cpu", chosen: Sequence[str] = ARMS,
                    trials: int | None = None, resume: bool = False, seed: int = 0,
-                   counts: str = COUNTS[0]) -> dict[str, Any]:
+                   counts: str = COUNTS[0], guided_pool: float = GUIDED_POOL) -> dict[str, Any]:
     """Run ``chosen`` arms on ``name`` (``resume``: keep arms a run of the same command finished), then compare.
 
     ``seed`` is our arms' search seed: the engine and trimmer arms of one run share it (a paired run).
-    ``counts``: what the preempting arms' patience counts (proposals or measurements).
+    ``counts``: what the preempting arms' patience counts (proposals or measurements); ``guided_pool``: the
+    filtering arms' ``--filter-guided-pool``.
 
     Returns {} when the engine or the trimmer arm is not among them: the arms run are only saved.
     """
@@ -79,8 +82,8 @@ def bench_workload(name: str, work_root: Path, target: str = "cpu", chosen: Sequ
         if arm not in chosen or (arm in WARM_ARMS and name != WARM_WORKLOAD):
             continue
         work_dir = work_root / name / arm
-        arms[arm] = run_arm(work_dir, arm_command(name, arm, work_root, work_dir, trials, target, seed, counts),
-                            resume)
+        arms[arm] = run_arm(work_dir, arm_command(name, arm, work_root, work_dir, trials, target, seed, counts,
+                                                  guided_pool), resume)
     if not {"engine", "trimmer"} <= set(arms):
         return {}  # one arm alone: saved for a later --resume run to compare
     dirs = {arm: str(work_root / name / arm / ("" if arm == "stock" else "ranked")) for arm in arms
@@ -108,9 +111,10 @@ def bench_workload(name: str, work_root: Path, target: str = "cpu", chosen: Sequ
 
 
 def arm_command(name: str, arm: str, work_root: Path, work_dir: Path, trials: int, target: str,
-                seed: int, counts: str = COUNTS[0]) -> list[str]:
+                seed: int, counts: str = COUNTS[0], guided_pool: float = GUIDED_POOL) -> list[str]:
     """The ``bench.arms`` command line of ``arm`` on workload ``name`` (warm arms start from ``work_root``'s
-    trimmer run); ``seed`` 0 is the engine's default search seed, ``counts`` the default patience's unit."""
+    trimmer run); ``seed`` 0 is the engine's default search seed, ``counts`` the default patience's unit,
+    ``guided_pool`` the default filter's."""
     first = work_root / name / "trimmer"
     args = {"stock": ["warm_stock"], "engine": ["autotune", "--policies", "off"],
             "trimmer": ["autotune", "--policies", "trimmer"], "preemption": ["autotune", "--policies", "preemption"],
@@ -118,7 +122,8 @@ def arm_command(name: str, arm: str, work_root: Path, work_dir: Path, trials: in
             "trimmer_warm_run": ["autotune", "--policies", "trimmer", "--warm-start", str(first)]}[arm]
     return ["bench.arms", args[0], name, str(trials), str(work_dir), *args[1:], "--round-size",
             str(BUDGETS[name][1]), "--target", target, *(["--seed", str(seed)] if seed else []),
-            *(["--patience-counts", counts] if counts != COUNTS[0] and arm not in ("engine", "stock") else [])]
+            *(["--patience-counts", counts] if counts != COUNTS[0] and arm not in ("engine", "stock") else []),
+            *(["--guided-pool", f"{guided_pool:g}"] if guided_pool != GUIDED_POOL and arm.startswith("trimmer") else [])]
 
 
 def run_arm(work_dir: Path, command: list[str], resume: bool) -> dict[str, Any]:
@@ -252,8 +257,12 @@ def _counted_in(rule: str) -> str:
 
 
 def _setup(result: dict[str, Any]) -> tuple[int, str]:
-    """What a run's figures depend on besides the search's luck: its budget and the trimmer arm's preemption rule."""
-    return result["trials"], result["arms"]["trimmer"].get("preemption", {}).get("rule") or ROUNDS_RULE
+    """What a run's figures depend on besides the search's luck: its budget and the trimmer arm's rule (its
+    preemption's, and its filter's guided pool where that is not one round)."""
+    trimmer = result["arms"]["trimmer"]
+    rule = trimmer.get("preemption", {}).get("rule") or ROUNDS_RULE
+    pool = trimmer.get("filter", {}).get("guided_pool", 1.0)
+    return result["trials"], rule + (f", guided rounds of {pool:g} rounds' proposals" if pool != 1.0 else "")
 
 
 def _unlike_main(report: dict[str, Any], name: str, setup: tuple[int, str], tag: str) -> str:
@@ -439,6 +448,8 @@ def main() -> None:
                         help="our arms' search seed (with --rerun: a paired run on another seed)")
     parser.add_argument("--patience-counts", choices=COUNTS, default=COUNTS[0],
                         help="what the trimmer arms' preemption patience counts: proposals, or measurements only")
+    parser.add_argument("--guided-pool", type=float, default=GUIDED_POOL,
+                        help="the trimmer arms' --filter-guided-pool: a guided round proposes this many rounds")
     parser.add_argument("--resume", action="store_true",
                         help="keep each arm that an earlier run of the same command finished (its work folder's "
                              f"{ARM_RESULT}): a killed benchmark goes on from the arm it was in, and one arm can "
@@ -460,7 +471,7 @@ def main() -> None:
                    "date": time.strftime("%Y-%m-%d"), "targets": TARGETS})
     for name in names:
         result = bench_workload(name, args.work_root / args.target, args.target, chosen, args.trials, args.resume,
-                                args.seed, args.patience_counts)
+                                args.seed, args.patience_counts, args.guided_pool)
         if not result:
             print(f"[{name}] arms {', '.join(chosen)} saved; the comparison needs engine and trimmer (--resume)",
                   file=sys.stderr)

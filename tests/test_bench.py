@@ -101,22 +101,28 @@ def test_a_resumed_benchmark_keeps_only_an_arm_the_same_command_finished(tmp_pat
     assert _saved_arm(tmp_path, command) is None
 
 
-def _paired_run(ratio: float, saving: float, seed: int, rule: str = "task patience 96 proposals") -> dict:
+def _paired_run(ratio: float, saving: float, seed: int, rule: str = "task patience 96 proposals",
+                guided_pool: float | None = None) -> dict:
     met = {"device_s_saving": saving >= 0.4, "energy_saving": saving >= 0.4, "latency_ratio": ratio <= 1.02,
            "drop_rate": True}
-    return {"trials": 320, "seed": seed, "arms": {"trimmer": {"preemption": {"rule": rule}}},
+    trimmer = {"preemption": {"rule": rule}, **({"filter": {"guided_pool": guided_pool}} if guided_pool else {})}
+    return {"trials": 320, "seed": seed, "arms": {"trimmer": trimmer},
             "trimmer_vs_engine": {"latency_ratio": ratio, "device_s_saving": saving, "energy_saving": saving,
                                   "targets_met": met}}
 
 
 def test_the_pooled_table_spans_the_runs_under_one_rule_and_their_seeds():
     report = {"workloads": {"matmul512": _paired_run(1.04, 0.5, 0)},
-              "reruns": {"matmul512": [_paired_run(0.98, 0.6, 0), _paired_run(1.01, 0.3, 2),
-                                       _paired_run(0.90, 0.9, 1, rule="task patience 96 proposals, at least 40%")]}}
+              "reruns": {"matmul512": [_paired_run(0.98, 0.6, 0), _paired_run(1.01, 0.3, 2, guided_pool=1.0),
+                                       _paired_run(0.90, 0.9, 1, rule="task patience 96 proposals, at least 40%"),
+                                       _paired_run(0.99, 0.7, 3, guided_pool=2.0)]}}
     rows = [line for line in _spread_table(report) if line.startswith("| matmul512")]
-    # the run under another rule is pooled apart, labelled by the clause it adds; the median of three is the middle one
+    # a run under another rule (preemption's, or the filter's guided pool where it is not one round; runs before
+    # the pool was recorded had none) is pooled apart, labelled by the clause it adds; the median of three is the middle
     assert rows == ["| matmul512 | 3 (0, 2) | 1.010 (0.980-1.040) | 50% | 50% | 1 of 3 |",
-                    "| matmul512 (at least 40%) | 1 (1) | 0.900 (0.900-0.900) | 90% | 90% | 1 of 1 |"]
+                    "| matmul512 (at least 40%) | 1 (1) | 0.900 (0.900-0.900) | 90% | 90% | 1 of 1 |",
+                    "| matmul512 (guided rounds of 2 rounds' proposals) | 1 (3) | 0.990 (0.990-0.990) | 70% | 70% "
+                    "| 1 of 1 |"]
 
 
 def test_the_ablation_sets_preemption_alone_beside_filter_and_preemption_against_the_same_engine_arm():

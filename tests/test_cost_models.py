@@ -103,6 +103,7 @@ def test_measure_all_drops_nothing():
 @pytest.mark.parametrize("kwargs, flag", [({"filter_threshold": 3.0}, "--filter-threshold"),
                                           ({"filter_explore": -0.1}, "--filter-explore"),
                                           ({"filter_keep": 1.5}, "--filter-keep"),
+                                          ({"filter_guided_pool": 0.5}, "--filter-guided-pool"),
                                           ({"task_patience": -1}, "--task-patience"),
                                           ({"model_window": 0}, "--model-window"),
                                           ({"min_improvement": 1.0}, "--min-improvement"),
@@ -731,6 +732,39 @@ def test_guided_search_takes_rounds_only_when_asked(tmp_path, monkeypatch):
         assert rounds["evolved"] > 0 or guided  # unguided, the directed rounds evolve
         log = (tmp_path / f"tuning-{guided}" / "measurements.jsonl").read_text().splitlines()
         assert ("guided" in {json.loads(line)["proposed_by"] for line in log}) is guided
+
+
+def test_a_filtered_session_s_guided_rounds_bring_its_pool_of_proposals(tmp_path, monkeypatch):
+    """A guided round costs the same whatever it returns: with a filter, it proposes ``guided_pool`` rounds'
+    worth for the filter to choose from; its other rounds, and a session without a filter, propose one round."""
+    from autotune.config import TuneConfig
+    from autotune.pipeline import prepare_model, run_tuning
+    from autotune.policies import Policies
+    from autotune.progress import SilentProgress
+    from autotune.search import TaskSearch
+    from cost_models.latency_model import create_latency_model
+
+    monkeypatch.setattr(RankQuality, "recent_tau", lambda self, last=4: 0.9)  # the model ranks fresh candidates well
+    proposed: list[tuple[str, int]] = []  # (kind, proposals) of each round
+    propose = TaskSearch.propose
+
+    def recording(self, *args, **kwargs):
+        proposal = propose(self, *args, **kwargs)
+        proposed.append((proposal.kind, len(proposal.candidates)))
+        return proposal
+
+    monkeypatch.setattr(TaskSearch, "propose", recording)
+    config = TuneConfig(model="zoo:mlp", out_dir=tmp_path, trials=48, batch_sizes=(1,), round_size=4, trial_floor=4)
+    prepared = prepare_model(config, SilentProgress())
+    for candidate_filter, pool in ((MeasureAll(), 1), (TrimmerFilter(guided_pool=3.0), 3)):
+        proposed.clear()
+        policies = Policies(create_latency_model(2, warmup_samples=8), candidate_filter, NeverPreempt(), EnergyLedger())
+        session, _ = run_tuning(prepared.tasks, prepared.plan, prepared.target_spec, prepared.target,
+                                tmp_path / f"tuning-{pool}", round_size=4, policies=policies)
+        guided = [n for kind, n in proposed if kind == "guided"]
+        assert guided and (max(guided) > 4) is (pool > 1) and max(guided) <= 4 * pool, proposed
+        assert max(n for kind, n in proposed if kind != "guided") <= 4
+        assert sum(n for _, n in proposed) == sum(s.proposed for s in session.states)  # the budget counts them all
 
 
 def test_policies_and_bill_work_with_the_stock_engine(tmp_path):
