@@ -711,32 +711,11 @@ def test_filter_and_preemption_in_a_real_session(tmp_path):
     assert (tmp_path / "tuning" / "cost_model" / "meta.json").exists()
 
 
-def test_guided_search_takes_rounds_only_when_asked(tmp_path, monkeypatch):
+def test_guided_search_takes_rounds_only_when_asked_and_brings_the_filter_s_pool(tmp_path, monkeypatch):
     """With a model that ranks well, MetaSchedule's search takes the directed rounds of a session that asks for
-    it, and none of one that does not."""
-    from autotune.config import TuneConfig
-    from autotune.pipeline import prepare_model, run_tuning
-    from autotune.policies import Policies
-    from autotune.progress import SilentProgress
-    from cost_models.latency_model import create_latency_model
-
-    monkeypatch.setattr(RankQuality, "recent_tau", lambda self, last=4: 0.9)  # the model ranks fresh candidates well
-    config = TuneConfig(model="zoo:mlp", out_dir=tmp_path, trials=24, batch_sizes=(1,), round_size=4, trial_floor=4)
-    prepared = prepare_model(config, SilentProgress())
-    for guided in (False, True):
-        policies = Policies(create_latency_model(2, warmup_samples=8), MeasureAll(), NeverPreempt(), EnergyLedger())
-        session, _ = run_tuning(prepared.tasks, prepared.plan, prepared.target_spec, prepared.target,
-                                tmp_path / f"tuning-{guided}", round_size=4, policies=policies, guided_search=guided)
-        rounds = session.policies_report()["search_rounds"]
-        assert (rounds["guided"] > 0) is guided, rounds
-        assert rounds["evolved"] > 0 or guided  # unguided, the directed rounds evolve
-        log = (tmp_path / f"tuning-{guided}" / "measurements.jsonl").read_text().splitlines()
-        assert ("guided" in {json.loads(line)["proposed_by"] for line in log}) is guided
-
-
-def test_a_filtered_session_s_guided_rounds_bring_its_pool_of_proposals(tmp_path, monkeypatch):
-    """A guided round costs the same whatever it returns: with a filter, it proposes ``guided_pool`` rounds'
-    worth for the filter to choose from; its other rounds, and a session without a filter, propose one round."""
+    it, and none of one that does not. A guided round costs the same whatever it returns, so with a filter
+    it proposes ``guided_pool`` rounds' worth for the filter to choose from; other rounds propose one round,
+    and every proposal counts against the budget."""
     from autotune.config import TuneConfig
     from autotune.pipeline import prepare_model, run_tuning
     from autotune.policies import Policies
@@ -754,17 +733,23 @@ def test_a_filtered_session_s_guided_rounds_bring_its_pool_of_proposals(tmp_path
         return proposal
 
     monkeypatch.setattr(TaskSearch, "propose", recording)
-    config = TuneConfig(model="zoo:mlp", out_dir=tmp_path, trials=48, batch_sizes=(1,), round_size=4, trial_floor=4)
+    config = TuneConfig(model="zoo:mlp", out_dir=tmp_path, trials=36, batch_sizes=(1,), round_size=4, trial_floor=4)
     prepared = prepare_model(config, SilentProgress())
-    for candidate_filter, pool in ((MeasureAll(), 1), (TrimmerFilter(guided_pool=3.0), 3)):
+    for guided in (False, True):
         proposed.clear()
+        candidate_filter = TrimmerFilter(guided_pool=3.0) if guided else MeasureAll()
         policies = Policies(create_latency_model(2, warmup_samples=8), candidate_filter, NeverPreempt(), EnergyLedger())
         session, _ = run_tuning(prepared.tasks, prepared.plan, prepared.target_spec, prepared.target,
-                                tmp_path / f"tuning-{pool}", round_size=4, policies=policies)
-        guided = [n for kind, n in proposed if kind == "guided"]
-        assert guided and (max(guided) > 4) is (pool > 1) and max(guided) <= 4 * pool, proposed
+                                tmp_path / f"tuning-{guided}", round_size=4, policies=policies, guided_search=guided)
+        rounds = session.policies_report()["search_rounds"]
+        assert (rounds["guided"] > 0) is guided, rounds
+        assert rounds["evolved"] > 0 or guided  # unguided, the directed rounds evolve
+        log = (tmp_path / f"tuning-{guided}" / "measurements.jsonl").read_text().splitlines()
+        assert ("guided" in {json.loads(line)["proposed_by"] for line in log}) is guided
+        pooled = [n for kind, n in proposed if kind == "guided"]
+        assert not guided or 4 < max(pooled) <= 12, proposed
         assert max(n for kind, n in proposed if kind != "guided") <= 4
-        assert sum(n for _, n in proposed) == sum(s.proposed for s in session.states)  # the budget counts them all
+        assert sum(n for _, n in proposed) == sum(s.proposed for s in session.states)
 
 
 def test_policies_and_bill_work_with_the_stock_engine(tmp_path):

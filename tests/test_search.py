@@ -78,6 +78,12 @@ def test_a_trusted_model_hands_the_round_to_metaschedules_search(search):
     assert guided.origins == ["guided"] * len(guided.candidates)
 
 
+def test_a_guided_round_brings_what_a_filter_asks_for_and_otherwise_one_round(search):
+    pooled = search.propose(2, [], set(), None, guided=True, guided_n=6)
+    assert pooled.kind == "guided" and 2 < len(pooled.candidates) <= 6
+    assert 0 < len(search.propose(2, [], set(), None, guided=True).candidates) <= 2
+
+
 @pytest.mark.parametrize("tau, trusted", [(None, False), (math.nan, False), (GUIDE_TAU - 0.01, False),
                                           (GUIDE_TAU, True), (0.9, True)])
 def test_the_model_is_trusted_from_its_rank_correlation_on_fresh_candidates(tau, trusted):
