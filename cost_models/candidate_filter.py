@@ -129,11 +129,10 @@ class TrimmerFilter(CandidateFilter):
         for flag, value, low, high in (("--filter-threshold", self.threshold, 0.0, 2.0),
                                        ("--filter-keep", self.keep_share, 0.0, 1.0),
                                        ("--filter-explore", self.explore_share, 0.0, 1.0),
-                                       ("--filter-min-tau", self.min_tau, -1.0, 1.0)):
+                                       ("--filter-min-tau", self.min_tau, -1.0, 1.0),
+                                       ("--filter-guided-pool", self.guided_pool, 1.0, 8.0)):
             if not low <= value <= high:
                 raise ValueError(f"{flag} must be between {low:g} and {high:g}; got {value}")
-        if not 1.0 <= self.guided_pool <= 8.0:
-            raise ValueError(f"--filter-guided-pool must be between 1 and 8; got {self.guided_pool}")
         if self.trust_rounds < 1:
             raise ValueError(f"--filter-trust-rounds must be an integer of at least 1; got {self.trust_rounds}")
         self._rng = random.Random(self.seed)
