@@ -194,6 +194,7 @@ def _row(arm: dict[str, Any], final_s: float | None, fastest_s: float | None) ->
         row["preemption"] = {"rule": p["preemption"].get("rule"), "tasks_stopped": len(p["preemption"]["tasks_stopped"]),
                              "job_stopped": p["preemption"]["job_stopped"]}
         row["model_tau"] = p["latency_model"]["mean_tau_trained"]
+        row["search_rounds"] = p.get("search_rounds")  # by kind: a guided round costs ~9x an evolved one on a CPU
         row["curve"] = arm["curve"]
     return row
 
