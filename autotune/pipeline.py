@@ -24,6 +24,7 @@ from autotune.errors import UsageError
 from autotune.policies import COST_MODEL_DIR, Policies, build_policies
 from autotune.session import MEASUREMENTS_LOG, RANKED_DIR, SessionObserver, TaskState, TuningSession
 from results.artifact import DATABASE_DIR, PROFILE, ArtifactWriter, library_name
+from results.atomic import staged_folder
 from results.profile import Profile
 from results.report import plot_tuning_curve, read_measurements, write_summary
 
@@ -192,7 +193,8 @@ def run_tuning(tasks: list[Any], plan: Any, target_spec: Any, target: Any, work_
         ranked = session.run()
     finally:
         measurement.close()
-    save_latency_model(policies.latency_model, Path(work_dir) / COST_MODEL_DIR, target)
+    with staged_folder(Path(work_dir) / COST_MODEL_DIR) as staging:
+        save_latency_model(policies.latency_model, staging, target)
     return session, ranked
 
 

@@ -35,7 +35,7 @@ from cost_models.latency_model import features_reused, for_target, is_trained, l
 from cost_models.preemption import NeverPreempt, Preemption, TaskRound
 from cost_models.quality import RankQuality
 from measure.engine import Candidate, Measurement, MeasurementEngine, PhaseWork
-from results.atomic import write_atomically
+from results.atomic import staged_folder, write_atomically
 
 MEASUREMENTS_LOG = "measurements.jsonl"
 DATABASE_FILES = ("database_workload.json", "database_tuning_record.json")  # what JSONDatabase(work_dir=) appends to
@@ -496,51 +496,45 @@ class TuningSession:
 
         If a candidate that was not re-timed would still come first, the next ones are re-timed too.
         """
-        import shutil
-
         from tvm.s_tir import Schedule
         from tvm.s_tir.meta_schedule.database import JSONDatabase, TuningRecord
 
         final = os.path.join(self.work_dir, RANKED_DIR)
-        staging = final + ".partial"
-        shutil.rmtree(staging, ignore_errors=True)
-        os.makedirs(staging)
-        ranked = JSONDatabase(work_dir=staging)
-        by_task = self._records_by_task(database)
-        for state in self.states:
-            records, _ = by_task[state.task.name]
-            value = {i: _mean(r.run_secs) for i, r in enumerate(records)}
-            parallel = dict(value)
-            retimed: set[int] = set()
-            k = min(5, max(2, math.ceil(self.rerank_share * len(records))))
-            for _ in range(3):
-                todo = next_to_retime(value, retimed, k)
-                if not todo:
-                    break
-                batch = []
-                for i in todo:
-                    sch = Schedule(records[i].workload.mod)
-                    records[i].trace.apply_to_schedule(sch, remove_postproc=False)
-                    batch.append(Candidate(sch.mod, records[i].args_info, state.task.name))
-                for i, m in zip(todo, self.engine.measure_isolated(self.target, self.device_type, batch,
-                                                                    turns=RANK_TURNS)):
-                    value[i] = m.latency
-                    retimed.add(i)
-                self.energy.sample()
-            ranked_workload = ranked.commit_workload(state.task.mod)
-            for i, r in enumerate(records):
-                secs = [value[i]] if value[i] < math.inf else None
-                ranked.commit_tuning_record(TuningRecord(r.trace, ranked_workload, secs, self.target, r.args_info))
-            best = min(value, key=value.__getitem__, default=None)
-            before = min(parallel, key=parallel.__getitem__, default=None)
-            if best is not None and value[best] < math.inf:
-                state.best_s = value[best]
-            self.ranking[state.task.name] = {
-                "retimed": [{"tuning_s": parallel[i], "isolated_s": value[i]} for i in sorted(retimed, key=value.__getitem__)],
-                "winner_changed": best != before,
-            }
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(staging, final)
+        with staged_folder(final) as staging:
+            ranked = JSONDatabase(work_dir=str(staging))
+            by_task = self._records_by_task(database)
+            for state in self.states:
+                records, _ = by_task[state.task.name]
+                value = {i: _mean(r.run_secs) for i, r in enumerate(records)}
+                parallel = dict(value)
+                retimed: set[int] = set()
+                k = min(5, max(2, math.ceil(self.rerank_share * len(records))))
+                for _ in range(3):
+                    todo = next_to_retime(value, retimed, k)
+                    if not todo:
+                        break
+                    batch = []
+                    for i in todo:
+                        sch = Schedule(records[i].workload.mod)
+                        records[i].trace.apply_to_schedule(sch, remove_postproc=False)
+                        batch.append(Candidate(sch.mod, records[i].args_info, state.task.name))
+                    for i, m in zip(todo, self.engine.measure_isolated(self.target, self.device_type, batch,
+                                                                        turns=RANK_TURNS)):
+                        value[i] = m.latency
+                        retimed.add(i)
+                    self.energy.sample()
+                ranked_workload = ranked.commit_workload(state.task.mod)
+                for i, r in enumerate(records):
+                    secs = [value[i]] if value[i] < math.inf else None
+                    ranked.commit_tuning_record(TuningRecord(r.trace, ranked_workload, secs, self.target, r.args_info))
+                best = min(value, key=value.__getitem__, default=None)
+                before = min(parallel, key=parallel.__getitem__, default=None)
+                if best is not None and value[best] < math.inf:
+                    state.best_s = value[best]
+                self.ranking[state.task.name] = {
+                    "retimed": [{"tuning_s": parallel[i], "isolated_s": value[i]} for i in sorted(retimed, key=value.__getitem__)],
+                    "winner_changed": best != before,
+                }
         write_atomically(os.path.join(self.work_dir, RANKING), json.dumps(self.ranking, indent=2))
         return JSONDatabase(work_dir=final)
 

@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
-import shutil
-import secrets
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
@@ -181,36 +178,30 @@ def samples(model: Any) -> int:
     return int(model._inst.data_size)
 
 
-def save_latency_model(model: Any, path: str | Path, target: Any) -> None:
-    """Write the model and its training data to the folder ``path``, atomically."""
+def save_latency_model(model: Any, folder: str | Path, target: Any) -> None:
+    """Write the model and its training data into ``folder`` (made if missing). A caller replacing a saved
+    model writes into a fresh folder and swaps it into place (``results.atomic.staged_folder``)."""
     inner = model._inst
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}"
-    staging.mkdir()  # not mkdtemp: the folder takes the umask, so another user can warm-start from it
-    try:
-        groups = list(inner.data.values())
-        rows = [f for g in groups for f in g.features]
-        np.savez(
-            staging / DATA,
-            group_hashes=np.array([g.group_hash for g in groups], dtype=str),
-            group_sizes=np.array([len(g.costs) for g in groups], dtype=np.int64),
-            costs=np.concatenate([np.asarray(g.costs, dtype=np.float32) for g in groups]) if groups else np.zeros(0),
-            store_counts=np.array([len(f) for f in rows], dtype=np.int64),
-            features=np.concatenate(rows) if rows else np.zeros((0, FEATURE_LENGTH), dtype=np.float32),
-        )
-        if inner.booster is not None:
-            inner.booster.save_model(str(staging / BOOSTER))
-        import xgboost
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    groups = list(inner.data.values())
+    rows = [f for g in groups for f in g.features]
+    np.savez(
+        folder / DATA,
+        group_hashes=np.array([g.group_hash for g in groups], dtype=str),
+        group_sizes=np.array([len(g.costs) for g in groups], dtype=np.int64),
+        costs=np.concatenate([np.asarray(g.costs, dtype=np.float32) for g in groups]) if groups else np.zeros(0),
+        store_counts=np.array([len(f) for f in rows], dtype=np.int64),
+        features=np.concatenate(rows) if rows else np.zeros((0, FEATURE_LENGTH), dtype=np.float32),
+    )
+    if inner.booster is not None:
+        inner.booster.save_model(str(folder / BOOSTER))
+    import xgboost
 
-        (staging / META).write_text(json.dumps({
-            "format": FORMAT, "target": target_key(target), "feature_length": FEATURE_LENGTH,
-            "samples": int(inner.data_size), "groups": len(groups), "xgboost": xgboost.__version__,
-        }, indent=2))
-        shutil.rmtree(path, ignore_errors=True)
-        os.replace(staging, path)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    (folder / META).write_text(json.dumps({
+        "format": FORMAT, "target": target_key(target), "feature_length": FEATURE_LENGTH,
+        "samples": int(inner.data_size), "groups": len(groups), "xgboost": xgboost.__version__,
+    }, indent=2))
 
 
 def load_latency_model(path: str | Path, target: Any, num_cores: int, seed: int = 0) -> Any:

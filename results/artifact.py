@@ -16,22 +16,15 @@ the very bytes that matched (``results.integrity``).
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import errno
-import fcntl
 import json
 import os
 import shutil
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from results.atomic import current_umask
+from results.atomic import claim_staging, current_umask, swap_into_place
 from results.errors import ArtifactError
 from results.integrity import check_hash, load_verified_library, sha256_of, verified_bytes
 
@@ -56,15 +49,7 @@ class ArtifactWriter:
 
     def __init__(self, final_dir: str | Path) -> None:
         self.final_dir = Path(final_dir)
-        self.final_dir.parent.mkdir(parents=True, exist_ok=True)
-        prefix = f".{self.final_dir.name}.tmp-"
-        for folder in self.final_dir.parent.glob(f"{prefix}*"):
-            with _locked(folder) as abandoned:
-                if abandoned:
-                    shutil.rmtree(folder, ignore_errors=True)
-        self.path = Path(tempfile.mkdtemp(prefix=prefix, dir=self.final_dir.parent))
-        self._lock = os.open(self.path, os.O_RDONLY)
-        fcntl.flock(self._lock, fcntl.LOCK_EX)
+        self.path, self._lock = claim_staging(self.final_dir)
 
     def __enter__(self) -> ArtifactWriter:
         return self
@@ -89,56 +74,8 @@ class ArtifactWriter:
         mode = 0o777 & ~current_umask()
         for folder in [self.path, *(p for p in entries if p.is_dir() and not p.is_symlink())]:
             os.chmod(folder, mode)
-        if self.final_dir.exists():
-            _exchange(self.path, self.final_dir)  # the old artifact is now at self.path, removed on exit
-        else:
-            os.replace(self.path, self.final_dir)
+        swap_into_place(self.path, self.final_dir)  # an old artifact is now at self.path, removed on exit
         return self.final_dir
-
-
-@contextmanager
-def _locked(folder: Path) -> Iterator[bool]:
-    """Whether ``folder``'s lock could be taken (no live writer holds it), holding it meanwhile."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        yield False
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        yield False
-        return
-    try:
-        yield True
-    finally:
-        os.close(fd)
-
-
-RENAME_EXCHANGE = 2  # linux/fs.h
-
-
-def _exchange(a: Path, b: Path) -> None:
-    """Swap two paths in one step (Linux ``renameat2``), so a reader or a kill never finds ``b`` absent.
-
-    Where the call is missing (another OS, an old C library, a file system without it), the
-    swap takes two renames and ``b`` is absent between them.
-    """
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    renameat2 = getattr(libc, "renameat2", None)
-    if renameat2 is not None:
-        at_fdcwd = -100
-        if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), RENAME_EXCHANGE) == 0:
-            return
-        err = ctypes.get_errno()
-        if err not in (errno.EINVAL, errno.ENOSYS, errno.EPERM):
-            raise OSError(err, os.strerror(err), str(b))
-    parking = Path(tempfile.mkdtemp(prefix=f".{b.name}.old-", dir=b.parent))
-    os.replace(b, parking / b.name)
-    os.replace(a, b)
-    os.replace(parking / b.name, a)
-    parking.rmdir()
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,22 @@
-"""Writing a file so that a reader sees the old content or the new, never half of it."""
+"""Writing a file or a folder so that a reader sees the old content or the new, never half of it."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import errno
+import fcntl
 import io
 import os
+import shutil
 import stat
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+RENAME_EXCHANGE = 2  # linux/fs.h
 
 
 def current_umask() -> int:
@@ -53,3 +62,85 @@ def save_figure(figure: Any, path: str | Path) -> None:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=110)
     write_atomically(path, buffer.getvalue())
+
+
+def swap_into_place(folder: Path, final: Path) -> None:
+    """Put the complete ``folder`` at ``final``. A folder already there is swapped out in one step, so a
+    reader or a kill finds the old or the new, never neither; it is left at ``folder`` for the caller to remove."""
+    if final.exists():
+        _exchange(folder, final)
+    else:
+        os.replace(folder, final)
+
+
+def claim_staging(final: Path) -> tuple[Path, int]:
+    """A fresh hidden folder beside ``final`` (owner-only, as ``mkdtemp`` makes it) and a lock on it that its
+    writer holds while it lives. A folder nobody holds was left by a writer that was killed: it is removed first."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    prefix = f".{final.name}.tmp-"
+    for folder in final.parent.glob(f"{prefix}*"):
+        with _locked(folder) as abandoned:
+            if abandoned:
+                shutil.rmtree(folder, ignore_errors=True)
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=final.parent))
+    lock = os.open(path, os.O_RDONLY)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    return path, lock
+
+
+@contextmanager
+def staged_folder(final: str | Path) -> Iterator[Path]:
+    """A fresh folder beside ``final`` to fill; swapped into place when the block ends without an error, and
+    removed either way (holding, after a swap, the folder it replaced). It takes the permissions the umask
+    gives a new folder, so another user can warm-start from a saved model."""
+    final = Path(final)
+    staging, lock = claim_staging(final)
+    try:
+        os.chmod(staging, 0o777 & ~current_umask())
+        yield staging
+        swap_into_place(staging, final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        os.close(lock)
+
+
+@contextmanager
+def _locked(folder: Path) -> Iterator[bool]:
+    """Whether ``folder``'s lock could be taken (no live writer holds it), holding it meanwhile."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        yield False
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        os.close(fd)
+
+
+def _exchange(a: Path, b: Path) -> None:
+    """Swap two paths in one step (Linux ``renameat2``), so a reader or a kill never finds ``b`` absent.
+
+    Where the call is missing (another OS, an old C library, a file system without it), the
+    swap takes two renames and ``b`` is absent between them.
+    """
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is not None:
+        at_fdcwd = -100
+        if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), RENAME_EXCHANGE) == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.EINVAL, errno.ENOSYS, errno.EPERM):
+            raise OSError(err, os.strerror(err), str(b))
+    parking = Path(tempfile.mkdtemp(prefix=f".{b.name}.old-", dir=b.parent))
+    os.replace(b, parking / b.name)
+    os.replace(a, b)
+    os.replace(parking / b.name, a)
+    parking.rmdir()

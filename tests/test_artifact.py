@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from results.artifact import ArtifactWriter, open_artifact
-from results.atomic import write_atomically
+from results.atomic import current_umask, staged_folder, write_atomically
 from results.errors import ArtifactError
 
 
@@ -194,3 +194,29 @@ def test_an_atomic_write_keeps_the_mode_of_the_file_it_replaces(tmp_path):
     path.chmod(0o600)  # made private on purpose
     write_atomically(path, b"new")
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and path.read_bytes() == b"new"
+
+
+def test_a_staged_folder_replaces_the_old_one_whole_or_not_at_all(tmp_path):
+    """A saved latency model or ranked database is swapped in complete; a failure keeps the old one; the
+    folders of killed writers are swept, as an artifact's are."""
+    import fcntl
+
+    final = tmp_path / "cost_model"
+    with staged_folder(final) as staging:
+        (staging / "meta.json").write_text("old")
+    assert stat.S_IMODE(final.stat().st_mode) == 0o777 & ~current_umask()
+    with pytest.raises(RuntimeError), staged_folder(final) as staging:
+        (staging / "meta.json").write_text("half")
+        raise RuntimeError("killed mid-save")
+    assert os.listdir(final) == ["meta.json"] and (final / "meta.json").read_text() == "old"
+    killed, filling = tmp_path / ".cost_model.tmp-killed", tmp_path / ".cost_model.tmp-filling"
+    killed.mkdir(), filling.mkdir()
+    held = os.open(filling, os.O_RDONLY)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    try:
+        with staged_folder(final) as staging:
+            (staging / "data.npz").write_text("new")
+    finally:
+        os.close(held)
+    assert os.listdir(final) == ["data.npz"]
+    assert sorted(os.listdir(tmp_path)) == sorted(["cost_model", filling.name])
