@@ -29,7 +29,6 @@ import argparse
 import json
 import platform
 import re
-import shutil
 import statistics
 import sys
 import time
@@ -37,8 +36,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench import tuning as tuning_bench
 from bench.remeasure import BLOCK, ratio_interval
-from bench.tuning import _run_json
+from bench.tuning import ARM_RESULT, _run_json, saved_arm
 from bench.workloads import WORKLOADS
 from results.atomic import write_atomically
 from cost_models.candidate_filter import TrimmerFilter
@@ -60,7 +60,6 @@ ABLATION = "preemption"  # the engine with preemption alone, asked for by --arms
 WARM_ARMS = {"trimmer_warm": ("warm_start", "the first trimmer run's saved latency model"),
              "trimmer_warm_run": ("warm_start_run", "the first trimmer run's folder: its saved model, and its "
                                   "database's best schedules leading each task's first round")}  # result key, from
-ARM_RESULT = "arm.json"  # an arm's command and result, in its work folder (what --resume keeps)
 GUIDED_POOL = TrimmerFilter.guided_pool
 TARGETS = {"device_s_saving": 0.40, "energy_saving": 0.40, "latency_ratio": 1.02, "drop_rate": 0.05}
 
@@ -127,21 +126,8 @@ def arm_command(name: str, arm: str, work_root: Path, work_dir: Path, trials: in
 
 
 def run_arm(work_dir: Path, command: list[str], resume: bool) -> dict[str, Any]:
-    """Run one arm in its own process and save its result in ``work_dir``; ``resume`` keeps one the same command
-    finished there. Returns the arm's result, or {"failure": why}."""
-    label = f"[{command[2]}] {work_dir.name}"
-    saved = _saved_arm(work_dir, command) if resume else None
-    if saved:
-        print(f"{label}: kept from {work_dir / ARM_RESULT}", file=sys.stderr, flush=True)
-        return saved
-    shutil.rmtree(work_dir, ignore_errors=True)
-    work_dir.mkdir(parents=True)
-    print(f"{label} ...", file=sys.stderr, flush=True)
-    result, failure = _run_json(command, None)
-    if result:
-        write_atomically(work_dir / ARM_RESULT, json.dumps({"command": command, "result": result}))
-    print(f"{label}: wall {(result or {}).get('wall_s')}", file=sys.stderr, flush=True)
-    return result or {"failure": failure}
+    """``bench.tuning.run_arm``, keeping a saved preempting arm only where it ran the default rule."""
+    return tuning_bench.run_arm(work_dir, command, resume, saved=_saved_arm)
 
 
 def _saved_arm(work_dir: Path, command: list[str]) -> dict[str, Any] | None:
@@ -152,17 +138,14 @@ def _saved_arm(work_dir: Path, command: list[str]) -> dict[str, Any] | None:
     """
     from autotune.policies import PolicySettings
 
-    try:
-        saved = json.loads((work_dir / ARM_RESULT).read_text())
-    except (OSError, ValueError):
+    saved = saved_arm(work_dir, command)
+    if saved is None:
         return None
-    if saved.get("command") != command:
-        return None
-    rule = saved["result"].get("policies", {}).get("preemption", {}).get("rule")
+    rule = saved.get("policies", {}).get("preemption", {}).get("rule")
     trimmed = "trimmer" in command or "preemption" in command
     counts = command[command.index("--patience-counts") + 1] if "--patience-counts" in command else COUNTS[0]
     policy = PolicySettings(patience_counts=counts).preemption_policy()
-    return None if trimmed and rule not in (policy.rule_for(1), policy.rule_for(2)) else saved["result"]
+    return None if trimmed and rule not in (policy.rule_for(1), policy.rule_for(2)) else saved
 
 
 def _row(arm: dict[str, Any], final_s: float | None, fastest_s: float | None) -> dict[str, Any]:

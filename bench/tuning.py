@@ -1,6 +1,6 @@
 """Tuning benchmark: stock MetaSchedule and autotune side by side, same workloads, same budget.
 
-    python -m bench.tuning [--trials 64] [--stock-cap-s 240] [--workloads matmul512,conv3x3_resnet18,mlp]
+    python -m bench.tuning [--trials 64] [--stock-cap-s 240] [--workloads matmul512,conv3x3_resnet18,mlp] [--resume]
 
 Arms, each in its own process, one after another on the same machine:
   stock       tune_tir / tune_relax with default builder and runner, as a new user runs them
@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ ARMS = ("stock", "warm_stock", "autotune")
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 REACH_TOLERANCE = 0.03  # "equal quality": within the 3% the issue allows for the final best
 OUT_DIR = Path("results/bench")
+ARM_RESULT = "arm.json"  # an arm's command and result, in its work folder (what --resume keeps)
 
 
 def _die_with_parent() -> None:
@@ -62,27 +64,52 @@ def _run_json(args: list[str], timeout_s: float | None) -> tuple[dict[str, Any] 
     return json.loads(out.strip().splitlines()[-1]), ""
 
 
+def run_arm(work_dir: Path, command: list[str], resume: bool, timeout_s: float | None = None,
+            saved: Callable[[Path, list[str]], dict[str, Any] | None] | None = None) -> dict[str, Any]:
+    """Run one arm (``python -m command``) in its own process and save its result in ``work_dir``; ``resume``
+    keeps the one ``saved`` (default: ``saved_arm``) finds there. Returns the arm's result, or {"failure": why}."""
+    label = f"[{command[2]}] {work_dir.name}"
+    kept = (saved or saved_arm)(work_dir, command) if resume else None
+    if kept:
+        print(f"{label}: kept from {work_dir / ARM_RESULT}", file=sys.stderr, flush=True)
+        return kept
+    shutil.rmtree(work_dir, ignore_errors=True)
+    work_dir.mkdir(parents=True)
+    print(f"{label} ...", file=sys.stderr, flush=True)
+    result, failure = _run_json(command, timeout_s)
+    if result:
+        write_atomically(work_dir / ARM_RESULT, json.dumps({"command": command, "result": result}))
+    print(f"{label}: wall {(result or {}).get('wall_s')}", file=sys.stderr, flush=True)
+    return result or {"failure": failure}
+
+
+def saved_arm(work_dir: Path, command: list[str]) -> dict[str, Any] | None:
+    """The result an earlier run of the same ``command`` left in ``work_dir``, or None."""
+    try:
+        saved = json.loads((work_dir / ARM_RESULT).read_text())
+    except (OSError, ValueError):
+        return None
+    return saved["result"] if isinstance(saved, dict) and saved.get("command") == command else None
+
+
 def _time_to_reach(curve: list[list[float]], goal_s: float) -> float | None:
     return next((t for t, best in curve if best <= goal_s * (1 + REACH_TOLERANCE)), None)
 
 
 def bench_workload(name: str, trials: int, stock_cap_s: float, work_root: Path,
-                   reuse: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Run the arms (or take ``reuse``'s results and work folders), then re-time and compare."""
+                   reuse: dict[str, Any] | None = None, resume: bool = False) -> dict[str, Any]:
+    """Run the arms (or take ``reuse``'s results and work folders; ``resume``: keep arms a run of the same
+    command finished), then re-time and compare."""
     arms: dict[str, Any] = {}
     for arm in ARMS:
-        work_dir = work_root / name / arm
         if reuse is not None:
             arms[arm] = {k: v for k, v in reuse["arms"][arm].items() if not k.startswith(("speedup", "best_isolated"))}
             continue
-        shutil.rmtree(work_dir, ignore_errors=True)
-        work_dir.mkdir(parents=True)
-        print(f"[{name}] {arm} ...", file=sys.stderr, flush=True)
         cap = stock_cap_s if arm == "stock" else None
-        result, failure = _run_json(["bench.arms", arm, name, str(trials), str(work_dir)], cap)
-        if result is None:
-            result = {"wall_s": stock_cap_s if cap else None, "valid_trials": 0, "best_logged_s": None,
-                      "failure": failure}
+        result = run_arm(work_root / name / arm, ["bench.arms", arm, name, str(trials), str(work_root / name / arm)],
+                         resume, cap)
+        if "failure" in result:
+            result = {"wall_s": stock_cap_s if cap else None, "valid_trials": 0, "best_logged_s": None, **result}
         arms[arm] = result
         print(f"[{name}] {arm}: {json.dumps({k: v for k, v in result.items() if k not in ('curve', 'engine')})}",
               file=sys.stderr)
@@ -181,6 +208,9 @@ def main() -> None:
     parser.add_argument("--work-root", type=Path, default=Path("results/bench/work"))
     parser.add_argument("--reanalyze", action="store_true",
                         help="re-time and compare the last run's arms (results/bench/tuning.json) without re-running them")
+    parser.add_argument("--resume", action="store_true",
+                        help=f"keep each arm an earlier run of the same command finished (its work folder's {ARM_RESULT}): "
+                             "a killed benchmark goes on from the arm it was in")
     args = parser.parse_args()
     if args.reanalyze:
         report = json.loads((OUT_DIR / "tuning.json").read_text())
@@ -207,7 +237,8 @@ def main() -> None:
         "machine": f"{platform.processor() or platform.machine()}, {host_cores()} cores",
         "versions": {"tvm": tvm.__version__, "torch": torch.__version__},
         "date": time.strftime("%Y-%m-%d"),
-        "workloads": {n: bench_workload(n, args.trials, args.stock_cap_s, args.work_root) for n in args.workloads.split(",")},
+        "workloads": {n: bench_workload(n, args.trials, args.stock_cap_s, args.work_root, resume=args.resume)
+                      for n in args.workloads.split(",")},
     }
     write_tables(report)
     print((OUT_DIR / "tuning.md").read_text())

@@ -300,3 +300,19 @@ def test_a_resumed_rerun_is_told_from_another_run_by_what_its_arms_spent_not_by_
     retimed = {"arms": {arm: {**r, "final_latency_s": r["final_latency_s"] * 1.01} for arm, r in run["arms"].items()}}
     another = {"arms": {**run["arms"], "trimmer": {**run["arms"]["trimmer"], "wall_s": 230.5}}}
     assert _arm_runs(retimed) == _arm_runs(run) and _arm_runs(another) != _arm_runs(run)
+
+
+def test_a_benchmark_arm_runs_once_and_a_resumed_benchmark_keeps_it(tmp_path):
+    """bench.tuning and bench.trimmer run each arm in its own process; a killed benchmark's finished arms are
+    kept on --resume, not run again, and a failed arm leaves nothing to keep."""
+    from bench.tuning import run_arm
+
+    given, work = tmp_path / "result.json", tmp_path / "arm"
+    command = ["json.tool", "--compact", str(given)]  # an arm whose JSON result is the file's
+    given.write_text('{"wall_s": 1.0}')
+    assert run_arm(work, command, resume=True) == {"wall_s": 1.0}
+    given.write_text('{"wall_s": 2.0}')
+    assert run_arm(work, command, resume=True) == {"wall_s": 1.0}  # kept, not run
+    assert run_arm(work, command, resume=False) == {"wall_s": 2.0}
+    given.unlink()
+    assert "failure" in run_arm(work, command, resume=False) and not (work / ARM_RESULT).exists()
