@@ -134,11 +134,12 @@ def drifting_timer(counter_dir: str, values_ms: dict[int, list[float]]) -> Any:
     return timer
 
 
-def spin(cores: tuple[int, ...]) -> None:
-    """A neighbour: burn one of ``cores`` until killed."""
+def spin(cores: tuple[int, ...], spinning: Any) -> None:
+    """A neighbour: burn one of ``cores`` until killed, setting the event ``spinning`` once it does."""
     import os
 
     os.sched_setaffinity(0, cores)
+    spinning.set()
     while True:
         pass
 

@@ -231,9 +231,12 @@ def test_the_probe_sees_a_neighbour_on_the_slot_core(target, tmp_path):
     spinner = None
     try:
         quiet = [time_candidate(path, slot, good.arg_shapes(), TimingPolicy(), None, timed) for _ in range(3)]
-        spinner = multiprocessing.get_context("spawn").Process(target=kernels.spin, args=(slot.cores,), daemon=True)
+        spawn = multiprocessing.get_context("spawn")
+        spinning = spawn.Event()
+        spinner = spawn.Process(target=kernels.spin, args=(slot.cores, spinning), daemon=True)
         spinner.start()
-        time.sleep(0.5)
+        assert spinning.wait(120), "the neighbour never started"  # a spawned child imports for seconds on a busy host
+        time.sleep(0.2)
         busy = [time_candidate(path, slot, good.arg_shapes(), TimingPolicy(), None, timed) for _ in range(5)]
         told = []  # told probes fall inside scheduler slices as the busy ones do: ask until one sees it
         while len(told) < 15 and not any(t.stop == "busy" for t in told):
