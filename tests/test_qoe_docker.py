@@ -98,7 +98,7 @@ def test_deployment_schemes_compare_on_the_same_load(tuned_run, docker_backend) 
     rows = compare_schemes(docker_backend, tuned_run.artifact, [Scheme.parse(s, 2) for s in ("1x2", "2x1", "2x1u")],
                            request_inputs(tuned_run.artifact, 1), duration_s=3.0, concurrency=2, warmup_s=0.5)
     assert [r["scheme"] for r in rows] == ["1x2", "2x1", "2x1u"]
-    assert all(r["requests"] > 20 and r["failed"] == 0 and r["p99_ms"] >= r["p50_ms"] > 0 for r in rows)
+    assert all(r["requests"] > 20 and r["failed"] == 0 and r["p99_ms"] >= r["p50_ms"] > 0 for r in rows), rows
     assert docker_backend.list() == []
 
 
