@@ -496,47 +496,51 @@ class TuningSession:
 
         If a candidate that was not re-timed would still come first, the next ones are re-timed too.
         """
-        from tvm.s_tir import Schedule
-        from tvm.s_tir.meta_schedule.database import JSONDatabase, TuningRecord
+        from tvm.s_tir.meta_schedule.database import JSONDatabase
 
         final = os.path.join(self.work_dir, RANKED_DIR)
         with staged_folder(final) as staging:
             ranked = JSONDatabase(work_dir=str(staging))
             by_task = self._records_by_task(database)
             for state in self.states:
-                records, _ = by_task[state.task.name]
-                value = {i: _mean(r.run_secs) for i, r in enumerate(records)}
-                parallel = dict(value)
-                retimed: set[int] = set()
-                k = min(5, max(2, math.ceil(self.rerank_share * len(records))))
-                for _ in range(3):
-                    todo = next_to_retime(value, retimed, k)
-                    if not todo:
-                        break
-                    batch = []
-                    for i in todo:
-                        sch = Schedule(records[i].workload.mod)
-                        records[i].trace.apply_to_schedule(sch, remove_postproc=False)
-                        batch.append(Candidate(sch.mod, records[i].args_info, state.task.name))
-                    for i, m in zip(todo, self.engine.measure_isolated(self.target, self.device_type, batch,
-                                                                        turns=RANK_TURNS)):
-                        value[i] = m.latency
-                        retimed.add(i)
-                    self.energy.sample()
-                ranked_workload = ranked.commit_workload(state.task.mod)
-                for i, r in enumerate(records):
-                    secs = [value[i]] if value[i] < math.inf else None
-                    ranked.commit_tuning_record(TuningRecord(r.trace, ranked_workload, secs, self.target, r.args_info))
-                best = min(value, key=value.__getitem__, default=None)
-                before = min(parallel, key=parallel.__getitem__, default=None)
-                if best is not None and value[best] < math.inf:
-                    state.best_s = value[best]
-                self.ranking[state.task.name] = {
-                    "retimed": [{"tuning_s": parallel[i], "isolated_s": value[i]} for i in sorted(retimed, key=value.__getitem__)],
-                    "winner_changed": best != before,
-                }
+                self._rank_task(state, by_task[state.task.name][0], ranked)
         write_atomically(os.path.join(self.work_dir, RANKING), json.dumps(self.ranking, indent=2))
         return JSONDatabase(work_dir=final)
+
+    def _rank_task(self, state: TaskState, records: list[Any], ranked: Any) -> None:
+        """Re-time ``state``'s best ``records`` alone, in turns, and commit all of them to ``ranked``."""
+        from tvm.s_tir import Schedule
+        from tvm.s_tir.meta_schedule.database import TuningRecord
+
+        value = {i: _mean(r.run_secs) for i, r in enumerate(records)}
+        parallel = dict(value)
+        retimed: set[int] = set()
+        k = min(5, max(2, math.ceil(self.rerank_share * len(records))))
+        for _ in range(3):
+            todo = next_to_retime(value, retimed, k)
+            if not todo:
+                break
+            batch = []
+            for i in todo:
+                sch = Schedule(records[i].workload.mod)
+                records[i].trace.apply_to_schedule(sch, remove_postproc=False)
+                batch.append(Candidate(sch.mod, records[i].args_info, state.task.name))
+            for i, m in zip(todo, self.engine.measure_isolated(self.target, self.device_type, batch, turns=RANK_TURNS)):
+                value[i] = m.latency
+                retimed.add(i)
+            self.energy.sample()
+        ranked_workload = ranked.commit_workload(state.task.mod)
+        for i, r in enumerate(records):
+            secs = [value[i]] if value[i] < math.inf else None
+            ranked.commit_tuning_record(TuningRecord(r.trace, ranked_workload, secs, self.target, r.args_info))
+        best = min(value, key=value.__getitem__, default=None)
+        before = min(parallel, key=parallel.__getitem__, default=None)
+        if best is not None and value[best] < math.inf:
+            state.best_s = value[best]
+        self.ranking[state.task.name] = {
+            "retimed": [{"tuning_s": parallel[i], "isolated_s": value[i]} for i in sorted(retimed, key=value.__getitem__)],
+            "winner_changed": best != before,
+        }
 
 
 def next_to_retime(values: dict[int, float], retimed: set[int], k: int) -> list[int]:

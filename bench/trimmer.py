@@ -36,9 +36,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import tuning as tuning_bench
 from bench.remeasure import BLOCK, ratio_interval
 from bench.tuning import ARM_RESULT, _run_json, saved_arm
+from bench.tuning import run_arm as run_any_arm
 from bench.workloads import WORKLOADS
 from results.atomic import write_atomically
 from cost_models.candidate_filter import TrimmerFilter
@@ -127,7 +127,7 @@ def arm_command(name: str, arm: str, work_root: Path, work_dir: Path, trials: in
 
 def run_arm(work_dir: Path, command: list[str], resume: bool) -> dict[str, Any]:
     """``bench.tuning.run_arm``, keeping a saved preempting arm only where it ran the default rule."""
-    return tuning_bench.run_arm(work_dir, command, resume, saved=_saved_arm)
+    return run_any_arm(work_dir, command, resume, saved=_saved_arm)
 
 
 def _saved_arm(work_dir: Path, command: list[str]) -> dict[str, Any] | None:

@@ -64,12 +64,21 @@ def _run_json(args: list[str], timeout_s: float | None) -> tuple[dict[str, Any] 
     return json.loads(out.strip().splitlines()[-1]), ""
 
 
+def saved_arm(work_dir: Path, command: list[str]) -> dict[str, Any] | None:
+    """The result an earlier run of the same ``command`` left in ``work_dir``, or None."""
+    try:
+        saved = json.loads((work_dir / ARM_RESULT).read_text())
+    except (OSError, ValueError):
+        return None
+    return saved["result"] if isinstance(saved, dict) and saved.get("command") == command else None
+
+
 def run_arm(work_dir: Path, command: list[str], resume: bool, timeout_s: float | None = None,
-            saved: Callable[[Path, list[str]], dict[str, Any] | None] | None = None) -> dict[str, Any]:
+            saved: Callable[[Path, list[str]], dict[str, Any] | None] = saved_arm) -> dict[str, Any]:
     """Run one arm (``python -m command``) in its own process and save its result in ``work_dir``; ``resume``
     keeps the one ``saved`` (default: ``saved_arm``) finds there. Returns the arm's result, or {"failure": why}."""
     label = f"[{command[2]}] {work_dir.name}"
-    kept = (saved or saved_arm)(work_dir, command) if resume else None
+    kept = saved(work_dir, command) if resume else None
     if kept:
         print(f"{label}: kept from {work_dir / ARM_RESULT}", file=sys.stderr, flush=True)
         return kept
@@ -81,15 +90,6 @@ def run_arm(work_dir: Path, command: list[str], resume: bool, timeout_s: float |
         write_atomically(work_dir / ARM_RESULT, json.dumps({"command": command, "result": result}))
     print(f"{label}: wall {(result or {}).get('wall_s')}", file=sys.stderr, flush=True)
     return result or {"failure": failure}
-
-
-def saved_arm(work_dir: Path, command: list[str]) -> dict[str, Any] | None:
-    """The result an earlier run of the same ``command`` left in ``work_dir``, or None."""
-    try:
-        saved = json.loads((work_dir / ARM_RESULT).read_text())
-    except (OSError, ValueError):
-        return None
-    return saved["result"] if isinstance(saved, dict) and saved.get("command") == command else None
 
 
 def _time_to_reach(curve: list[list[float]], goal_s: float) -> float | None:
@@ -106,8 +106,8 @@ def bench_workload(name: str, trials: int, stock_cap_s: float, work_root: Path,
             arms[arm] = {k: v for k, v in reuse["arms"][arm].items() if not k.startswith(("speedup", "best_isolated"))}
             continue
         cap = stock_cap_s if arm == "stock" else None
-        result = run_arm(work_root / name / arm, ["bench.arms", arm, name, str(trials), str(work_root / name / arm)],
-                         resume, cap)
+        work_dir = work_root / name / arm
+        result = run_arm(work_dir, ["bench.arms", arm, name, str(trials), str(work_dir)], resume, cap)
         if "failure" in result:
             result = {"wall_s": stock_cap_s if cap else None, "valid_trials": 0, "best_logged_s": None, **result}
         arms[arm] = result
