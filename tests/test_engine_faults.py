@@ -213,8 +213,8 @@ def test_timed_alone_in_turns_each_candidate_keeps_its_median_turn(target, tmp_p
 
 
 def test_the_probe_sees_a_neighbour_on_the_slot_core(target, tmp_path):
-    """A process spinning on the slot's core slows the probe about twofold; a quiet core does not; asked to,
-    the timer then leaves without timing."""
+    """A process spinning on the slot's core slows the probe past what the timer calls busy; a quiet core does
+    not; asked to, the timer then leaves without timing."""
     import multiprocessing
 
     from measure.build import build_candidate
@@ -245,11 +245,13 @@ def test_the_probe_sees_a_neighbour_on_the_slot_core(target, tmp_path):
         if spinner is not None:
             spinner.kill()
         os.sched_setaffinity(0, allowed)
-    assert min(t.slowdown for t in quiet) < 1.08
-    # a probe can fall inside one scheduler slice and miss the neighbour; most do not
-    assert sorted(t.slowdown for t in busy)[2] > 1.3 and all(t.run_secs for t in busy)
+    noticed = 1 + TimingPolicy().quiet_tolerance  # what the timer takes for a busy core
+    assert min(t.slowdown for t in quiet) < noticed
+    # a probe can fall inside one scheduler slice and miss the neighbour, and a freshly woken probe gets more than
+    # half the core (1.18x in a full suite on one host): most still see it, past what the timer calls busy
+    assert sorted(t.slowdown for t in busy)[2] > noticed and all(t.run_secs for t in busy)
     skipped = [t for t in told if t.stop == "busy"]
-    assert skipped and all(not t.run_secs and t.slowdown > 1.08 for t in skipped)  # untimed, at once
+    assert skipped and all(not t.run_secs and t.slowdown > noticed for t in skipped)  # untimed, at once
 
 
 def test_a_build_failure_is_a_recorded_error(engine, target):
