@@ -21,7 +21,13 @@ is timed just before and just after the candidate. On a shared host a neighbour 
 time (1.4x for 7 s is common here); every repeat taken in such a spell is slow
 alike, so no number of repeats removes it. The probe's slowdown against its fastest
 run in this worker says whether the candidate was timed on a quiet machine; the
-engine times it again later when not (``TimingPolicy.quiet_*``).
+engine times it again later when not (``TimingPolicy.quiet_*``). The probe lasts a few
+milliseconds, less than one of the scheduler's slices, so a neighbour spinning on the same
+core slows it about half the time (3.6x or 1.0x here, 25 probes in a row); the kernel's own
+count of the time the worker's threads waited for their core (``/proc/self/task/*/schedstat``)
+sees that neighbour every time (1.8-2.2x against 1.00 on a quiet core), so the slowdown is
+the worse of the two. The probe still sees what the count cannot: a neighbour on another
+core that shares the caches or the memory bus.
 """
 
 from __future__ import annotations
@@ -63,7 +69,7 @@ class Timing:
     run_secs: tuple[float, ...]
     stop: str  # "confirmed", "slower", "repeats", "time", or "busy" (not timed: see ``time_candidate``)
     number: int
-    slowdown: float = 1.0  # the probe's, before or after the timing, whichever was worse (1.0: quiet)
+    slowdown: float = 1.0  # the worst seen before or after the timing (``_slowdown``; 1.0: quiet)
 
 
 @dataclass(frozen=True)
@@ -130,17 +136,18 @@ def time_candidate(artifact_path: str, slot: DeviceSlot, arg_shapes: tuple[tuple
                                                                repeat=repeat, f_preproc=flush)
             return [float(x) for x in timers[number, repeat](*args).results]
 
-        before = _slowdown(probe, device, slot) if probe else 1.0
+        started = _core_time()
+        before = _slowdown(probe, device, slot, started) if probe else 1.0
         if skip_if_busy and before > 1 + policy.quiet_tolerance:
             return Timing((), "busy", 0, before)
         (first,) = run(1, 1)
         number = max(1, math.ceil(policy.min_repeat_s / max(first, 1e-9)))
         samples = [first] if number == 1 else []
-        started = time.perf_counter()
-        while (stop := should_stop(samples, policy, best_s, time.perf_counter() - started)) is None:
+        timing_since = time.perf_counter()
+        while (stop := should_stop(samples, policy, best_s, time.perf_counter() - timing_since)) is None:
             want = max(policy.min_repeats - len(samples), _BATCH)
             samples += run(number, min(want, policy.max_repeats - len(samples)))
-        after = _slowdown(probe, device, slot) if probe else 1.0
+        after = _slowdown(probe, device, slot, started) if probe else 1.0
         return Timing(tuple(samples), stop, number, max(before, after))
     except Exception:
         if slot.kind == "rpc":  # the session may be gone: reconnect and re-allocate next time
@@ -165,8 +172,10 @@ def _arguments(device: Any, arg_shapes: tuple[tuple[str, tuple[int, ...]], ...],
     return _ARGS[key]
 
 
-def _slowdown(probe: Probe, device: Any, slot: DeviceSlot) -> float:
-    """The probe's time now over the fastest it has run in this worker (the median of three runs)."""
+def _slowdown(probe: Probe, device: Any, slot: DeviceSlot, since: tuple[int, int]) -> float:
+    """How much slower than a quiet machine: the probe's time now over the fastest it has run in this worker
+    (the median of three runs), or the time since ``since`` (a ``_core_time``) over the part of it this
+    process's threads ran, whichever is worse."""
     import tvm
 
     if probe.path not in _PROBES:
@@ -175,7 +184,26 @@ def _slowdown(probe: Probe, device: Any, slot: DeviceSlot) -> float:
     entry = _PROBES[probe.path]
     now = statistics.median(entry[0](*_arguments(device, probe.arg_shapes, slot)).results)
     entry[1] = min(entry[1], now)
-    return now / entry[1]
+    ran, waited = (now_ns - then_ns for now_ns, then_ns in zip(_core_time(), since))
+    return max(now / entry[1], (ran + waited) / ran if ran > 0 else 1.0)
+
+
+def _core_time() -> tuple[int, int]:
+    """Nanoseconds this process's threads have run on a core and waited, runnable, for one; (0, 0) where the
+    kernel keeps no scheduler statistics."""
+    ran = waited = 0
+    try:
+        threads = os.listdir("/proc/self/task")
+    except OSError:
+        return 0, 0
+    for thread in threads:
+        try:
+            with open(f"/proc/self/task/{thread}/schedstat") as counts:
+                on_core, on_queue, _ = counts.read().split()
+        except (OSError, ValueError):
+            continue  # the thread ended, or no such counts
+        ran, waited = ran + int(on_core), waited + int(on_queue)
+    return ran, waited
 
 
 def _own_stream(device: Any) -> None:

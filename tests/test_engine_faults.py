@@ -238,20 +238,17 @@ def test_the_probe_sees_a_neighbour_on_the_slot_core(target, tmp_path):
         assert spinning.wait(120), "the neighbour never started"  # a spawned child imports for seconds on a busy host
         time.sleep(0.2)
         busy = [time_candidate(path, slot, good.arg_shapes(), TimingPolicy(), None, timed) for _ in range(5)]
-        told = []  # told probes fall inside scheduler slices as the busy ones do: ask until one sees it
-        while len(told) < 15 and not any(t.stop == "busy" for t in told):
-            told.append(time_candidate(path, slot, good.arg_shapes(), TimingPolicy(), None, timed, True))
+        told = [time_candidate(path, slot, good.arg_shapes(), TimingPolicy(), None, timed, True) for _ in range(5)]
     finally:
         if spinner is not None:
             spinner.kill()
         os.sched_setaffinity(0, allowed)
     noticed = 1 + TimingPolicy().quiet_tolerance  # what the timer takes for a busy core
     assert min(t.slowdown for t in quiet) < noticed
-    # a probe can fall inside one scheduler slice and miss the neighbour, and a freshly woken probe gets more than
-    # half the core (1.18x in a full suite on one host): most still see it, past what the timer calls busy
-    assert sorted(t.slowdown for t in busy)[2] > noticed and all(t.run_secs for t in busy)
-    skipped = [t for t in told if t.stop == "busy"]
-    assert skipped and all(not t.run_secs and t.slowdown > noticed for t in skipped)  # untimed, at once
+    # the probe alone falls inside one of the scheduler's slices about half the time and misses the neighbour
+    # (CI failed so): the wait for the core, counted by the kernel, does not
+    assert all(t.slowdown > noticed and t.run_secs for t in busy), [t.slowdown for t in busy]
+    assert all(t.stop == "busy" and not t.run_secs for t in told), [(t.stop, t.slowdown) for t in told]  # untimed
 
 
 def test_a_build_failure_is_a_recorded_error(engine, target):
