@@ -34,6 +34,7 @@ class PolicySettings:
     filter_min_tau: float = TrimmerFilter.min_tau
     filter_trust_rounds: int = TrimmerFilter.trust_rounds
     filter_guided_pool: float = TrimmerFilter.guided_pool
+    filter_guided_generations: int = TrimmerFilter.guided_generations
     preemption: bool = True
     task_patience: int = PlateauPreemption.task_patience
     min_task_trials: int = PlateauPreemption.min_task_trials
@@ -62,7 +63,7 @@ class PolicySettings:
         if not self.filter:
             return MeasureAll()
         return TrimmerFilter(self.filter_threshold, self.filter_keep, self.filter_explore, self.filter_min_tau,
-                             self.filter_trust_rounds, seed, self.filter_guided_pool)
+                             self.filter_trust_rounds, seed, self.filter_guided_pool, self.filter_guided_generations)
 
     def preemption_policy(self) -> Preemption:
         if not self.preemption:

@@ -116,8 +116,9 @@ class SessionObserver(Protocol):
     def on_phase(self, phase: str) -> None: ...
 
 
-def evolutionary_search(round_size: int) -> Any:
-    """MetaSchedule's evolutionary search with a population of 8 schedules per candidate wanted (128-512).
+def evolutionary_search(round_size: int, generations: int) -> Any:
+    """MetaSchedule's evolutionary search with a population of 8 schedules per candidate wanted (128-512),
+    evolved for ``generations`` (the candidate filter's).
 
     MetaSchedule keeps 512 whatever the round. On 2 cores a round of a ResNet-18 convolution then
     spends 10-12 s sampling and mutating schedules (6.5 s at 256), as long as building and timing
@@ -125,7 +126,7 @@ def evolutionary_search(round_size: int) -> Any:
     """
     from tvm.s_tir.meta_schedule.search_strategy import EvolutionarySearch
 
-    return EvolutionarySearch(population_size=min(512, max(128, 8 * round_size)))
+    return EvolutionarySearch(population_size=min(512, max(128, 8 * round_size)), genetic_num_iters=generations)
 
 
 @dataclass
@@ -246,7 +247,7 @@ class TuningSession:
             mod=state.task.mod,
             target=self.target,
             space_generator="post-order-apply",
-            search_strategy=evolutionary_search(state.round_size),
+            search_strategy=evolutionary_search(state.round_size, self.candidate_filter.guided_generations),
             task_name=state.task.name,
             rand_state=self.seed + self.states.index(state),
             num_threads=self.num_threads,

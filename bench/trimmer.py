@@ -33,6 +33,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,18 +61,17 @@ ABLATION = "preemption"  # the engine with preemption alone, asked for by --arms
 WARM_ARMS = {"trimmer_warm": ("warm_start", "the first trimmer run's saved latency model"),
              "trimmer_warm_run": ("warm_start_run", "the first trimmer run's folder: its saved model, and its "
                                   "database's best schedules leading each task's first round")}  # result key, from
-GUIDED_POOL = TrimmerFilter.guided_pool
 TARGETS = {"device_s_saving": 0.40, "energy_saving": 0.40, "latency_ratio": 1.02, "drop_rate": 0.05}
 
 
 def bench_workload(name: str, work_root: Path, target: str = "cpu", chosen: Sequence[str] = ARMS,
                    trials: int | None = None, resume: bool = False, seed: int = 0,
-                   counts: str = COUNTS[0], guided_pool: float = GUIDED_POOL) -> dict[str, Any]:
+                   counts: str = COUNTS[0], guided: GuidedRounds | None = None) -> dict[str, Any]:
     """Run ``chosen`` arms on ``name`` (``resume``: keep arms a run of the same command finished), then compare.
 
     ``seed`` is our arms' search seed: the engine and trimmer arms of one run share it (a paired run).
-    ``counts``: what the preempting arms' patience counts (proposals or measurements); ``guided_pool``: the
-    filtering arms' ``--filter-guided-pool``.
+    ``counts``: what the preempting arms' patience counts (proposals or measurements); ``guided``: the
+    filtering arms' guided rounds (the filter's defaults when None).
 
     Returns {} when the engine or the trimmer arm is not among them: the arms run are only saved.
     """
@@ -82,7 +82,7 @@ def bench_workload(name: str, work_root: Path, target: str = "cpu", chosen: Sequ
             continue
         work_dir = work_root / name / arm
         arms[arm] = run_arm(work_dir, arm_command(name, arm, work_root, work_dir, trials, target, seed, counts,
-                                                  guided_pool), resume)
+                                                  guided), resume)
     if not {"engine", "trimmer"} <= set(arms):
         return {}  # one arm alone: saved for a later --resume run to compare
     dirs = {arm: str(work_root / name / arm / ("" if arm == "stock" else "ranked")) for arm in arms
@@ -110,10 +110,10 @@ def bench_workload(name: str, work_root: Path, target: str = "cpu", chosen: Sequ
 
 
 def arm_command(name: str, arm: str, work_root: Path, work_dir: Path, trials: int, target: str,
-                seed: int, counts: str = COUNTS[0], guided_pool: float = GUIDED_POOL) -> list[str]:
+                seed: int, counts: str = COUNTS[0], guided: GuidedRounds | None = None) -> list[str]:
     """The ``bench.arms`` command line of ``arm`` on workload ``name`` (warm arms start from ``work_root``'s
     trimmer run); ``seed`` 0 is the engine's default search seed, ``counts`` the default patience's unit,
-    ``guided_pool`` the default filter's."""
+    ``guided`` the filtering arms' guided rounds."""
     first = work_root / name / "trimmer"
     args = {"stock": ["warm_stock"], "engine": ["autotune", "--policies", "off"],
             "trimmer": ["autotune", "--policies", "trimmer"], "preemption": ["autotune", "--policies", "preemption"],
@@ -122,7 +122,7 @@ def arm_command(name: str, arm: str, work_root: Path, work_dir: Path, trials: in
     return ["bench.arms", args[0], name, str(trials), str(work_dir), *args[1:], "--round-size",
             str(BUDGETS[name][1]), "--target", target, *(["--seed", str(seed)] if seed else []),
             *(["--patience-counts", counts] if counts != COUNTS[0] and arm not in ("engine", "stock") else []),
-            *(["--guided-pool", f"{guided_pool:g}"] if guided_pool != GUIDED_POOL and arm.startswith("trimmer") else [])]
+            *((guided or GuidedRounds()).flags() if arm.startswith("trimmer") else [])]
 
 
 def run_arm(work_dir: Path, command: list[str], resume: bool) -> dict[str, Any]:
@@ -240,13 +240,40 @@ def _counted_in(rule: str) -> str:
     return unit.group(1) if unit else "rounds"
 
 
+@dataclass(frozen=True)
+class GuidedRounds:
+    """The filtering arms' rounds of model-guided search: how many rounds' proposals each brings (the filter's
+    ``--filter-guided-pool``) and how many generations it evolves (``--filter-guided-generations``)."""
+
+    pool: float = TrimmerFilter.guided_pool
+    generations: int = TrimmerFilter.guided_generations
+
+    @classmethod
+    def of(cls, filter_report: dict[str, Any]) -> GuidedRounds:
+        """What an arm's filter report says it ran (reports from before a setting existed ran its default)."""
+        return cls(filter_report.get("guided_pool", cls.pool), filter_report.get("guided_generations", cls.generations))
+
+    def flags(self) -> list[str]:
+        """``bench.arms`` flags for the settings that are not the filter's defaults."""
+        return [part for flag, value, _ in self._unlike_default() for part in (flag, value)]
+
+    def clauses(self) -> str:
+        """The same, as clauses of a rule's label."""
+        return "".join(clause for _, _, clause in self._unlike_default())
+
+    def _unlike_default(self) -> list[tuple[str, str, str]]:
+        return [(flag, f"{value:g}", clause.format(value)) for flag, value, default, clause in (
+            ("--guided-pool", self.pool, GuidedRounds.pool, ", guided rounds of {:g} rounds' proposals"),
+            ("--guided-generations", self.generations, GuidedRounds.generations, ", guided rounds of {} generations"))
+            if value != default]
+
+
 def _setup(result: dict[str, Any]) -> tuple[int, str]:
     """What a run's figures depend on besides the search's luck: its budget and the trimmer arm's rule (its
-    preemption's, and its filter's guided pool where that is not one round)."""
+    preemption's, and its filter's guided rounds where they are not the default)."""
     trimmer = result["arms"]["trimmer"]
     rule = trimmer.get("preemption", {}).get("rule") or ROUNDS_RULE
-    pool = trimmer.get("filter", {}).get("guided_pool", 1.0)
-    return result["trials"], rule + (f", guided rounds of {pool:g} rounds' proposals" if pool != 1.0 else "")
+    return result["trials"], rule + GuidedRounds.of(trimmer.get("filter", {})).clauses()
 
 
 def _unlike_main(report: dict[str, Any], name: str, setup: tuple[int, str], tag: str) -> str:
@@ -432,8 +459,10 @@ def main() -> None:
                         help="our arms' search seed (with --rerun: a paired run on another seed)")
     parser.add_argument("--patience-counts", choices=COUNTS, default=COUNTS[0],
                         help="what the trimmer arms' preemption patience counts: proposals, or measurements only")
-    parser.add_argument("--guided-pool", type=float, default=GUIDED_POOL,
+    parser.add_argument("--guided-pool", type=float, default=GuidedRounds.pool,
                         help="the trimmer arms' --filter-guided-pool: a guided round proposes this many rounds")
+    parser.add_argument("--guided-generations", type=int, default=GuidedRounds.generations,
+                        help="the trimmer arms' --filter-guided-generations: a guided round evolves this many")
     parser.add_argument("--resume", action="store_true",
                         help="keep each arm that an earlier run of the same command finished (its work folder's "
                              f"{ARM_RESULT}): a killed benchmark goes on from the arm it was in, and one arm can "
@@ -455,7 +484,7 @@ def main() -> None:
                    "date": time.strftime("%Y-%m-%d"), "targets": TARGETS})
     for name in names:
         result = bench_workload(name, args.work_root / args.target, args.target, chosen, args.trials, args.resume,
-                                args.seed, args.patience_counts, args.guided_pool)
+                                args.seed, args.patience_counts, GuidedRounds(args.guided_pool, args.guided_generations))
         if not result:
             print(f"[{name}] arms {', '.join(chosen)} saved; the comparison needs engine and trimmer (--resume)",
                   file=sys.stderr)

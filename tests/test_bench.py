@@ -14,7 +14,7 @@ from bench.replay_filter import load_run, metaschedule_scorer
 from bench.replay_filter import replay as replay_filter
 from bench.replay_preemption import replay
 from bench.seed_spread import compare_pairs
-from bench.trimmer import ARM_RESULT, _ablation_table, _compare, _saved_arm, _spread_table
+from bench.trimmer import ARM_RESULT, GuidedRounds, _ablation_table, _compare, _saved_arm, _spread_table, arm_command
 from autotune.policies import PolicySettings
 from containers.planner.config import StageConfig, config_cost
 from containers.planner.estimator import STARTUP_S, Estimator
@@ -102,27 +102,47 @@ def test_a_resumed_benchmark_keeps_only_an_arm_the_same_command_finished(tmp_pat
 
 
 def _paired_run(ratio: float, saving: float, seed: int, rule: str = "task patience 96 proposals",
-                guided_pool: float | None = None) -> dict:
+                **guided: float) -> dict:
     met = {"device_s_saving": saving >= 0.4, "energy_saving": saving >= 0.4, "latency_ratio": ratio <= 1.02,
            "drop_rate": True}
-    trimmer = {"preemption": {"rule": rule}, **({"filter": {"guided_pool": guided_pool}} if guided_pool else {})}
+    trimmer = {"preemption": {"rule": rule}, **({"filter": guided} if guided else {})}
     return {"trials": 320, "seed": seed, "arms": {"trimmer": trimmer},
             "trimmer_vs_engine": {"latency_ratio": ratio, "device_s_saving": saving, "energy_saving": saving,
                                   "targets_met": met}}
+
+
+def test_guided_rounds_other_than_the_default_reach_the_filtering_arms_and_their_search(tmp_path):
+    from autotune.session import evolutionary_search
+    from measure.tvm_import import import_meta_schedule
+
+    guided = GuidedRounds(generations=2)
+    commands = {arm: arm_command("conv3x3_resnet18", arm, tmp_path, tmp_path / arm, 64, "cpu", 0, guided=guided)
+                for arm in ("engine", "trimmer")}
+    assert "--guided-generations" not in commands["engine"] and "--guided-pool" not in commands["trimmer"]
+    flag = commands["trimmer"].index("--guided-generations")
+    chosen = PolicySettings(filter_guided_generations=int(commands["trimmer"][flag + 1])).candidate_filter(0)
+    assert GuidedRounds.of(chosen.report()) == guided
+    import_meta_schedule()
+    assert evolutionary_search(16, chosen.guided_generations).genetic_num_iters == 2
+    assert arm_command("conv3x3_resnet18", "trimmer", tmp_path, tmp_path, 64, "cpu", 0) == \
+        arm_command("conv3x3_resnet18", "trimmer", tmp_path, tmp_path, 64, "cpu", 0, guided=GuidedRounds())
 
 
 def test_the_pooled_table_spans_the_runs_under_one_rule_and_their_seeds():
     report = {"workloads": {"matmul512": _paired_run(1.04, 0.5, 0)},
               "reruns": {"matmul512": [_paired_run(0.98, 0.6, 0), _paired_run(1.01, 0.3, 2, guided_pool=1.0),
                                        _paired_run(0.90, 0.9, 1, rule="task patience 96 proposals, at least 40%"),
-                                       _paired_run(0.99, 0.7, 3, guided_pool=2.0)]}}
+                                       _paired_run(0.99, 0.7, 3, guided_pool=2.0),
+                                       _paired_run(0.95, 0.5, 4, guided_pool=1.0, guided_generations=2)]}}
     rows = [line for line in _spread_table(report) if line.startswith("| matmul512")]
-    # a run under another rule (preemption's, or the filter's guided pool where it is not one round; runs before
-    # the pool was recorded had none) is pooled apart, labelled by the clause it adds; the median of three is the middle
+    # a run under another rule (preemption's, or the filter's guided rounds where they are not the default; runs
+    # before a setting was recorded ran its default) is pooled apart, labelled by the clause it adds; the median of
+    # three is the middle
     assert rows == ["| matmul512 | 3 (0, 2) | 1.010 (0.980-1.040) | 50% | 50% | 1 of 3 |",
                     "| matmul512 (at least 40%) | 1 (1) | 0.900 (0.900-0.900) | 90% | 90% | 1 of 1 |",
                     "| matmul512 (guided rounds of 2 rounds' proposals) | 1 (3) | 0.990 (0.990-0.990) | 70% | 70% "
-                    "| 1 of 1 |"]
+                    "| 1 of 1 |",
+                    "| matmul512 (guided rounds of 2 generations) | 1 (4) | 0.950 (0.950-0.950) | 50% | 50% | 1 of 1 |"]
 
 
 def test_the_ablation_sets_preemption_alone_beside_filter_and_preemption_against_the_same_engine_arm():
