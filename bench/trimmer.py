@@ -64,14 +64,42 @@ WARM_ARMS = {"trimmer_warm": ("warm_start", "the first trimmer run's saved laten
 TARGETS = {"device_s_saving": 0.40, "energy_saving": 0.40, "latency_ratio": 1.02, "drop_rate": 0.05}
 
 
+@dataclass(frozen=True)
+class GuidedRounds:
+    """The filtering arms' rounds of model-guided search: how many rounds' proposals each brings (the filter's
+    ``--filter-guided-pool``) and how many generations it evolves (``--filter-guided-generations``)."""
+
+    pool: float = TrimmerFilter.guided_pool
+    generations: int = TrimmerFilter.guided_generations
+
+    @classmethod
+    def of(cls, filter_report: dict[str, Any]) -> GuidedRounds:
+        """What an arm's filter report says it ran (reports from before a setting existed ran its default)."""
+        return cls(filter_report.get("guided_pool", cls.pool), filter_report.get("guided_generations", cls.generations))
+
+    def flags(self) -> list[str]:
+        """``bench.arms`` flags for the settings that are not the filter's defaults."""
+        return [part for flag, value, _ in self._unlike_default() for part in (flag, value)]
+
+    def clauses(self) -> str:
+        """The same, as clauses of a rule's label."""
+        return "".join(clause for _, _, clause in self._unlike_default())
+
+    def _unlike_default(self) -> list[tuple[str, str, str]]:
+        return [(flag, f"{value:g}", clause.format(value)) for flag, value, default, clause in (
+            ("--guided-pool", self.pool, GuidedRounds.pool, ", guided rounds of {:g} rounds' proposals"),
+            ("--guided-generations", self.generations, GuidedRounds.generations, ", guided rounds of {} generations"))
+            if value != default]
+
+
 def bench_workload(name: str, work_root: Path, target: str = "cpu", chosen: Sequence[str] = ARMS,
                    trials: int | None = None, resume: bool = False, seed: int = 0,
-                   counts: str = COUNTS[0], guided: GuidedRounds | None = None) -> dict[str, Any]:
+                   counts: str = COUNTS[0], guided: GuidedRounds = GuidedRounds()) -> dict[str, Any]:
     """Run ``chosen`` arms on ``name`` (``resume``: keep arms a run of the same command finished), then compare.
 
     ``seed`` is our arms' search seed: the engine and trimmer arms of one run share it (a paired run).
     ``counts``: what the preempting arms' patience counts (proposals or measurements); ``guided``: the
-    filtering arms' guided rounds (the filter's defaults when None).
+    filtering arms' guided rounds.
 
     Returns {} when the engine or the trimmer arm is not among them: the arms run are only saved.
     """
@@ -110,7 +138,7 @@ def bench_workload(name: str, work_root: Path, target: str = "cpu", chosen: Sequ
 
 
 def arm_command(name: str, arm: str, work_root: Path, work_dir: Path, trials: int, target: str,
-                seed: int, counts: str = COUNTS[0], guided: GuidedRounds | None = None) -> list[str]:
+                seed: int, counts: str = COUNTS[0], guided: GuidedRounds = GuidedRounds()) -> list[str]:
     """The ``bench.arms`` command line of ``arm`` on workload ``name`` (warm arms start from ``work_root``'s
     trimmer run); ``seed`` 0 is the engine's default search seed, ``counts`` the default patience's unit,
     ``guided`` the filtering arms' guided rounds."""
@@ -122,7 +150,7 @@ def arm_command(name: str, arm: str, work_root: Path, work_dir: Path, trials: in
     return ["bench.arms", args[0], name, str(trials), str(work_dir), *args[1:], "--round-size",
             str(BUDGETS[name][1]), "--target", target, *(["--seed", str(seed)] if seed else []),
             *(["--patience-counts", counts] if counts != COUNTS[0] and arm not in ("engine", "stock") else []),
-            *((guided or GuidedRounds()).flags() if arm.startswith("trimmer") else [])]
+            *(guided.flags() if arm.startswith("trimmer") else [])]
 
 
 def run_arm(work_dir: Path, command: list[str], resume: bool) -> dict[str, Any]:
@@ -238,34 +266,6 @@ def _counted_in(rule: str) -> str:
     """What a preemption rule's patience counts: the unit after "task patience N" (see ``PlateauPreemption.rule_for``)."""
     unit = re.match(r"task patience \d+ (\w+)", rule)
     return unit.group(1) if unit else "rounds"
-
-
-@dataclass(frozen=True)
-class GuidedRounds:
-    """The filtering arms' rounds of model-guided search: how many rounds' proposals each brings (the filter's
-    ``--filter-guided-pool``) and how many generations it evolves (``--filter-guided-generations``)."""
-
-    pool: float = TrimmerFilter.guided_pool
-    generations: int = TrimmerFilter.guided_generations
-
-    @classmethod
-    def of(cls, filter_report: dict[str, Any]) -> GuidedRounds:
-        """What an arm's filter report says it ran (reports from before a setting existed ran its default)."""
-        return cls(filter_report.get("guided_pool", cls.pool), filter_report.get("guided_generations", cls.generations))
-
-    def flags(self) -> list[str]:
-        """``bench.arms`` flags for the settings that are not the filter's defaults."""
-        return [part for flag, value, _ in self._unlike_default() for part in (flag, value)]
-
-    def clauses(self) -> str:
-        """The same, as clauses of a rule's label."""
-        return "".join(clause for _, _, clause in self._unlike_default())
-
-    def _unlike_default(self) -> list[tuple[str, str, str]]:
-        return [(flag, f"{value:g}", clause.format(value)) for flag, value, default, clause in (
-            ("--guided-pool", self.pool, GuidedRounds.pool, ", guided rounds of {:g} rounds' proposals"),
-            ("--guided-generations", self.generations, GuidedRounds.generations, ", guided rounds of {} generations"))
-            if value != default]
 
 
 def _setup(result: dict[str, Any]) -> tuple[int, str]:

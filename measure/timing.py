@@ -136,18 +136,18 @@ def time_candidate(artifact_path: str, slot: DeviceSlot, arg_shapes: tuple[tuple
                                                                repeat=repeat, f_preproc=flush)
             return [float(x) for x in timers[number, repeat](*args).results]
 
-        started = _core_time()
-        before = _slowdown(probe, device, slot, started) if probe else 1.0
+        core_since = _core_time() if probe else (0, 0)  # read only where the quiet check runs: a hot path
+        before = _slowdown(probe, device, slot, core_since) if probe else 1.0
         if skip_if_busy and before > 1 + policy.quiet_tolerance:
             return Timing((), "busy", 0, before)
         (first,) = run(1, 1)
         number = max(1, math.ceil(policy.min_repeat_s / max(first, 1e-9)))
         samples = [first] if number == 1 else []
-        timing_since = time.perf_counter()
-        while (stop := should_stop(samples, policy, best_s, time.perf_counter() - timing_since)) is None:
+        started = time.perf_counter()
+        while (stop := should_stop(samples, policy, best_s, time.perf_counter() - started)) is None:
             want = max(policy.min_repeats - len(samples), _BATCH)
             samples += run(number, min(want, policy.max_repeats - len(samples)))
-        after = _slowdown(probe, device, slot, started) if probe else 1.0
+        after = _slowdown(probe, device, slot, core_since) if probe else 1.0
         return Timing(tuple(samples), stop, number, max(before, after))
     except Exception:
         if slot.kind == "rpc":  # the session may be gone: reconnect and re-allocate next time
