@@ -136,8 +136,8 @@ def time_candidate(artifact_path: str, slot: DeviceSlot, arg_shapes: tuple[tuple
                                                                repeat=repeat, f_preproc=flush)
             return [float(x) for x in timers[number, repeat](*args).results]
 
-        core_since = _core_time() if probe else (0, 0)  # read only where the quiet check runs: a hot path
-        before = _slowdown(probe, device, slot, core_since) if probe else 1.0
+        core_since = _core_time() if probe else None  # read only where the quiet check runs: a hot path
+        before = _slowdown(probe, device, slot, core_since)
         if skip_if_busy and before > 1 + policy.quiet_tolerance:
             return Timing((), "busy", 0, before)
         (first,) = run(1, 1)
@@ -147,7 +147,7 @@ def time_candidate(artifact_path: str, slot: DeviceSlot, arg_shapes: tuple[tuple
         while (stop := should_stop(samples, policy, best_s, time.perf_counter() - started)) is None:
             want = max(policy.min_repeats - len(samples), _BATCH)
             samples += run(number, min(want, policy.max_repeats - len(samples)))
-        after = _slowdown(probe, device, slot, core_since) if probe else 1.0
+        after = _slowdown(probe, device, slot, core_since)
         return Timing(tuple(samples), stop, number, max(before, after))
     except Exception:
         if slot.kind == "rpc":  # the session may be gone: reconnect and re-allocate next time
@@ -172,12 +172,14 @@ def _arguments(device: Any, arg_shapes: tuple[tuple[str, tuple[int, ...]], ...],
     return _ARGS[key]
 
 
-def _slowdown(probe: Probe, device: Any, slot: DeviceSlot, since: tuple[int, int]) -> float:
+def _slowdown(probe: Probe | None, device: Any, slot: DeviceSlot, since: tuple[int, int] | None) -> float:
     """How much slower than a quiet machine: the probe's time now over the fastest it has run in this worker
     (the median of three runs), or the time since ``since`` (a ``_core_time``) over the part of it this
-    process's threads ran, whichever is worse."""
+    process's threads ran, whichever is worse; 1.0 where no quiet check runs (no probe)."""
     import tvm
 
+    if probe is None or since is None:
+        return 1.0
     if probe.path not in _PROBES:
         module = tvm.runtime.load_module(probe.path)
         _PROBES[probe.path] = [module.time_evaluator(module.entry_name, device, number=1, repeat=3), math.inf]
