@@ -79,6 +79,9 @@ def tune(
                                                           "times the round, for the filter to choose from")] = _POLICY.filter_guided_pool,
     filter_guided_generations: Annotated[int, typer.Option(help="generations a round of the model-guided search "
                                                                 "evolves (fewer: a cheaper round)")] = _POLICY.filter_guided_generations,
+    filter_guided_population: Annotated[int, typer.Option(help="schedules a round of the model-guided search "
+                                                               "evolves per candidate it brings (fewer: a cheaper "
+                                                               "round)")] = _POLICY.filter_guided_population,
     preemption: Annotated[bool, typer.Option("--preemption/--no-preemption",
                                              help="stop tasks and the job when they stop improving")] = True,
     task_patience: Annotated[int, typer.Option(help="stop a task after this many proposals in a row without gain")] = _POLICY.task_patience,
@@ -117,7 +120,8 @@ def tune(
             devices=tuple(devices.split(",")) if devices else None, dop=dop,
             tolerance=tolerance, seed=seed,
             policies=PolicySettings(filter, filter_threshold, filter_keep, filter_explore, filter_min_tau,
-                                    filter_trust_rounds, filter_guided_pool, filter_guided_generations, preemption,
+                                    filter_trust_rounds, filter_guided_pool, filter_guided_generations, filter_guided_population,
+                                    preemption,
                                     task_patience, min_task_trials, model_window, min_improvement,
                                     patience_share, solo_patience_share, patience_counts, watts_per_core,
                                     price_per_hour,

@@ -35,6 +35,7 @@ class PolicySettings:
     filter_trust_rounds: int = TrimmerFilter.trust_rounds
     filter_guided_pool: float = TrimmerFilter.guided_pool
     filter_guided_generations: int = TrimmerFilter.guided_generations
+    filter_guided_population: int = TrimmerFilter.guided_population
     preemption: bool = True
     task_patience: int = PlateauPreemption.task_patience
     min_task_trials: int = PlateauPreemption.min_task_trials
@@ -63,7 +64,8 @@ class PolicySettings:
         if not self.filter:
             return MeasureAll()
         return TrimmerFilter(self.filter_threshold, self.filter_keep, self.filter_explore, self.filter_min_tau,
-                             self.filter_trust_rounds, seed, self.filter_guided_pool, self.filter_guided_generations)
+                             self.filter_trust_rounds, seed, self.filter_guided_pool, self.filter_guided_generations,
+                             self.filter_guided_population)
 
     def preemption_policy(self) -> Preemption:
         if not self.preemption:

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 from autotune.budget import round_size_for, share_out
 from autotune.search import DIRECTED, PARENTS, Proposal, TaskSearch, trusts_model
 from autotune.tasks import Task
-from cost_models.candidate_filter import CandidateFilter, MeasureAll, Selection
+from cost_models.candidate_filter import POPULATION, CandidateFilter, MeasureAll, Selection
 from cost_models.energy import EnergyLedger
 from cost_models.latency_model import features_reused, for_target, is_trained, learn_records, score
 from cost_models.preemption import NeverPreempt, Preemption, TaskRound
@@ -116,9 +116,9 @@ class SessionObserver(Protocol):
     def on_phase(self, phase: str) -> None: ...
 
 
-def evolutionary_search(round_size: int, generations: int) -> Any:
-    """MetaSchedule's evolutionary search with a population of 8 schedules per candidate wanted (128-512),
-    evolved for ``generations`` (the candidate filter's).
+def evolutionary_search(round_size: int, generations: int, population: int = POPULATION) -> Any:
+    """MetaSchedule's evolutionary search with a population of ``population`` schedules per candidate wanted
+    (at least 16 wanted, at most 512 schedules), evolved for ``generations`` (both the candidate filter's).
 
     MetaSchedule keeps 512 whatever the round. On 2 cores a round of a ResNet-18 convolution then
     spends 10-12 s sampling and mutating schedules (6.5 s at 256), as long as building and timing
@@ -126,7 +126,8 @@ def evolutionary_search(round_size: int, generations: int) -> Any:
     """
     from tvm.s_tir.meta_schedule.search_strategy import EvolutionarySearch
 
-    return EvolutionarySearch(population_size=min(512, max(128, 8 * round_size)), genetic_num_iters=generations)
+    return EvolutionarySearch(population_size=min(512, population * max(16, round_size)),
+                              genetic_num_iters=generations)
 
 
 @dataclass
@@ -247,7 +248,8 @@ class TuningSession:
             mod=state.task.mod,
             target=self.target,
             space_generator="post-order-apply",
-            search_strategy=evolutionary_search(state.round_size, self.candidate_filter.guided_generations),
+            search_strategy=evolutionary_search(state.round_size, self.candidate_filter.guided_generations,
+                                                self.candidate_filter.guided_population),
             task_name=state.task.name,
             rand_state=self.seed + self.states.index(state),
             num_threads=self.num_threads,

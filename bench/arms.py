@@ -155,7 +155,8 @@ def autotune(workload: str, trials: int, work_dir: str, *, policies: str = "off"
              warm_start: str | None = None, target_name: str = "cpu", seed: int = 0,
              patience_counts: str = COUNTS[0], guided_search: bool = True,
              guided_pool: float = PolicySettings.filter_guided_pool,
-             guided_generations: int = PolicySettings.filter_guided_generations) -> dict[str, Any]:
+             guided_generations: int = PolicySettings.filter_guided_generations,
+             guided_population: int = PolicySettings.filter_guided_population) -> dict[str, Any]:
     """Our session (budget split, parallel engine, final ranking) on the same workload and budget.
 
     ``policies``: "off" (the engine alone), "trimmer" (candidate filter and preemption, defaults) or
@@ -182,6 +183,7 @@ def autotune(workload: str, trials: int, work_dir: str, *, policies: str = "off"
     settings = PolicySettings(filter=policies == "trimmer", preemption=policies != "off",
                               patience_counts=patience_counts, filter_guided_pool=guided_pool,
                               filter_guided_generations=guided_generations,
+                              filter_guided_population=guided_population,
                               warm_start=(warm_start,) if warm_start else ())
     chosen = build_policies(settings, target, spec.num_cores, 0, local_gpu_ids(None, spec.kind, spec.num_cores),
                             warnings.append)
@@ -250,12 +252,15 @@ if __name__ == "__main__":
                         help="the candidate filter's --filter-guided-pool")
     parser.add_argument("--guided-generations", type=int, default=PolicySettings.filter_guided_generations,
                         help="the candidate filter's --filter-guided-generations")
+    parser.add_argument("--guided-population", type=int, default=PolicySettings.filter_guided_population,
+                        help="the candidate filter's --filter-guided-population")
     args = parser.parse_args()
     if args.arm == "autotune":
         out = autotune(args.workload, args.trials, args.work_dir, policies=args.policies, round_size=args.round_size,
                        warm_start=args.warm_start, target_name=args.target, seed=args.seed,
                        patience_counts=args.patience_counts, guided_search=args.guided_search,
-                       guided_pool=args.guided_pool, guided_generations=args.guided_generations)
+                       guided_pool=args.guided_pool, guided_generations=args.guided_generations,
+                       guided_population=args.guided_population)
     else:
         out = stock(args.workload, args.trials, args.work_dir, warm=args.arm == "warm_stock", target_name=args.target)
     print(json.dumps(out))

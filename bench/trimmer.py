@@ -67,15 +67,18 @@ TARGETS = {"device_s_saving": 0.40, "energy_saving": 0.40, "latency_ratio": 1.02
 @dataclass(frozen=True)
 class GuidedRounds:
     """The filtering arms' rounds of model-guided search: how many rounds' proposals each brings (the filter's
-    ``--filter-guided-pool``) and how many generations it evolves (``--filter-guided-generations``)."""
+    ``--filter-guided-pool``), how many generations it evolves (``--filter-guided-generations``) and from how
+    large a population (``--filter-guided-population``)."""
 
     pool: float = TrimmerFilter.guided_pool
     generations: int = TrimmerFilter.guided_generations
+    population: int = TrimmerFilter.guided_population
 
     @classmethod
     def of(cls, filter_report: dict[str, Any]) -> GuidedRounds:
         """What an arm's filter report says it ran (reports from before a setting existed ran its default)."""
-        return cls(filter_report.get("guided_pool", cls.pool), filter_report.get("guided_generations", cls.generations))
+        return cls(filter_report.get("guided_pool", cls.pool), filter_report.get("guided_generations", cls.generations),
+                   filter_report.get("guided_population", cls.population))
 
     def flags(self) -> list[str]:
         """``bench.arms`` flags for the settings that are not the filter's defaults."""
@@ -88,7 +91,9 @@ class GuidedRounds:
     def _unlike_default(self) -> list[tuple[str, str, str]]:
         return [(flag, f"{value:g}", clause.format(value)) for flag, value, default, clause in (
             ("--guided-pool", self.pool, GuidedRounds.pool, ", guided rounds of {:g} rounds' proposals"),
-            ("--guided-generations", self.generations, GuidedRounds.generations, ", guided rounds of {} generations"))
+            ("--guided-generations", self.generations, GuidedRounds.generations, ", guided rounds of {} generations"),
+            ("--guided-population", self.population, GuidedRounds.population,
+             ", guided rounds evolving {} schedules per candidate"))
             if value != default]
 
 
@@ -463,6 +468,9 @@ def main() -> None:
                         help="the trimmer arms' --filter-guided-pool: a guided round proposes this many rounds")
     parser.add_argument("--guided-generations", type=int, default=GuidedRounds.generations,
                         help="the trimmer arms' --filter-guided-generations: a guided round evolves this many")
+    parser.add_argument("--guided-population", type=int, default=GuidedRounds.population,
+                        help="the trimmer arms' --filter-guided-population: schedules a guided round evolves per "
+                             "candidate it brings")
     parser.add_argument("--resume", action="store_true",
                         help="keep each arm that an earlier run of the same command finished (its work folder's "
                              f"{ARM_RESULT}): a killed benchmark goes on from the arm it was in, and one arm can "
@@ -484,7 +492,8 @@ def main() -> None:
                    "date": time.strftime("%Y-%m-%d"), "targets": TARGETS})
     for name in names:
         result = bench_workload(name, args.work_root / args.target, args.target, chosen, args.trials, args.resume,
-                                args.seed, args.patience_counts, GuidedRounds(args.guided_pool, args.guided_generations))
+                                args.seed, args.patience_counts, GuidedRounds(args.guided_pool, args.guided_generations,
+                                                                           args.guided_population))
         if not result:
             print(f"[{name}] arms {', '.join(chosen)} saved; the comparison needs engine and trimmer (--resume)",
                   file=sys.stderr)

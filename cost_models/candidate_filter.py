@@ -52,6 +52,7 @@ class Selection:
 
 
 GENERATIONS = 4  # MetaSchedule's own for its evolutionary search
+POPULATION = 8  # schedules the model-guided search evolves per candidate a round wants (at least 16 wanted)
 
 
 class CandidateFilter(ABC):
@@ -59,6 +60,7 @@ class CandidateFilter(ABC):
 
     name = "filter"
     guided_generations: int = GENERATIONS  # how many generations a round of the model-guided search evolves
+    guided_population: int = POPULATION
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
@@ -130,6 +132,7 @@ class TrimmerFilter(CandidateFilter):
     seed: int = 0
     guided_pool: float = 1.0
     guided_generations: int = GENERATIONS
+    guided_population: int = POPULATION
     name: str = field(default="trimmer", init=False)
 
     def __post_init__(self) -> None:
@@ -146,6 +149,9 @@ class TrimmerFilter(CandidateFilter):
         if not 1 <= self.guided_generations <= 2 * GENERATIONS:
             raise ValueError(f"--filter-guided-generations must be an integer between 1 and {2 * GENERATIONS}; "
                              f"got {self.guided_generations}")
+        if not 1 <= self.guided_population <= 2 * POPULATION:
+            raise ValueError(f"--filter-guided-population must be an integer between 1 and {2 * POPULATION}; "
+                             f"got {self.guided_population}")
         self._rng = random.Random(self.seed)
         self._evidence: deque[bool] = deque(maxlen=self.trust_rounds)  # per observed round: did it miss a best?
 
@@ -158,7 +164,8 @@ class TrimmerFilter(CandidateFilter):
 
     def report(self, final_best_s: Mapping[str, float] | None = None) -> dict[str, Any]:
         return {**super().report(final_best_s), "guided_pool": self.guided_pool,
-                "guided_generations": self.guided_generations}
+                "guided_generations": self.guided_generations,
+                "guided_population": self.guided_population}
 
     def select(self, scores: Sequence[float], trained: bool, recent_tau: float | None) -> Selection:
         n = len(scores)

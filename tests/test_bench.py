@@ -115,15 +115,18 @@ def test_guided_rounds_other_than_the_default_reach_the_filtering_arms_and_their
     from autotune.session import evolutionary_search
     from measure.tvm_import import import_meta_schedule
 
-    guided = GuidedRounds(generations=2)
+    guided = GuidedRounds(generations=2, population=4)
     commands = {arm: arm_command("conv3x3_resnet18", arm, tmp_path, tmp_path / arm, 64, "cpu", 0, guided=guided)
                 for arm in ("engine", "trimmer")}
     assert "--guided-generations" not in commands["engine"] and "--guided-pool" not in commands["trimmer"]
-    flag = commands["trimmer"].index("--guided-generations")
-    chosen = PolicySettings(filter_guided_generations=int(commands["trimmer"][flag + 1])).candidate_filter(0)
+    given = dict(zip(commands["trimmer"], commands["trimmer"][1:]))
+    chosen = PolicySettings(filter_guided_generations=int(given["--guided-generations"]),
+                            filter_guided_population=int(given["--guided-population"])).candidate_filter(0)
     assert GuidedRounds.of(chosen.report()) == guided
     import_meta_schedule()
-    assert evolutionary_search(16, chosen.guided_generations).genetic_num_iters == 2
+    search = evolutionary_search(16, chosen.guided_generations, chosen.guided_population)
+    assert (search.genetic_num_iters, search.population_size) == (2, 64)
+    assert evolutionary_search(16, 4).population_size == 128  # MetaSchedule's 512 cut to 8 per candidate wanted
     assert arm_command("conv3x3_resnet18", "trimmer", tmp_path, tmp_path, 64, "cpu", 0) == \
         arm_command("conv3x3_resnet18", "trimmer", tmp_path, tmp_path, 64, "cpu", 0, guided=GuidedRounds())
 

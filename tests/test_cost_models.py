@@ -105,6 +105,7 @@ def test_measure_all_drops_nothing():
                                           ({"filter_keep": 1.5}, "--filter-keep"),
                                           ({"filter_guided_pool": 0.5}, "--filter-guided-pool"),
                                           ({"filter_guided_generations": 0}, "--filter-guided-generations"),
+                                          ({"filter_guided_population": 17}, "--filter-guided-population"),
                                           ({"task_patience": -1}, "--task-patience"),
                                           ({"model_window": 0}, "--model-window"),
                                           ({"min_improvement": 1.0}, "--min-improvement"),
