@@ -120,11 +120,10 @@ def tune(
             devices=tuple(devices.split(",")) if devices else None, dop=dop,
             tolerance=tolerance, seed=seed,
             policies=PolicySettings(filter, filter_threshold, filter_keep, filter_explore, filter_min_tau,
-                                    filter_trust_rounds, filter_guided_pool, filter_guided_generations, filter_guided_population,
-                                    preemption,
-                                    task_patience, min_task_trials, model_window, min_improvement,
-                                    patience_share, solo_patience_share, patience_counts, watts_per_core,
-                                    price_per_hour,
+                                    filter_trust_rounds, filter_guided_pool, filter_guided_generations,
+                                    filter_guided_population, preemption, task_patience, min_task_trials,
+                                    model_window, min_improvement, patience_share, solo_patience_share,
+                                    patience_counts, watts_per_core, price_per_hour,
                                     tuple(str(p) for p in warm_start or ())),
         )
         observer = SilentProgress() if quiet or as_json else LiveProgress()
