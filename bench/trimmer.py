@@ -490,10 +490,10 @@ def main() -> None:
     report.update({"machine": f"{platform.processor() or platform.machine()}, {host_cores()} cores"
                    + (f", {device}" if device else ""), "target": args.target,
                    "date": time.strftime("%Y-%m-%d"), "targets": TARGETS})
+    guided = GuidedRounds(args.guided_pool, args.guided_generations, args.guided_population)
     for name in names:
         result = bench_workload(name, args.work_root / args.target, args.target, chosen, args.trials, args.resume,
-                                args.seed, args.patience_counts, GuidedRounds(args.guided_pool, args.guided_generations,
-                                                                           args.guided_population))
+                                args.seed, args.patience_counts, guided)
         if not result:
             print(f"[{name}] arms {', '.join(chosen)} saved; the comparison needs engine and trimmer (--resume)",
                   file=sys.stderr)
